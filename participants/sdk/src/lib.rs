@@ -1,0 +1,1 @@
+//! Participant SDK for idem (being built).

@@ -1,0 +1,6 @@
+//! idem: a TCC/Saga branch-transaction coordinator.
+//!
+//! See `ARCHITECTURE.md` for the map of this crate.
+
+pub mod canonical;
+pub mod core;
