@@ -1,1 +1,4 @@
 //! Participant SDK for idem (being built).
+
+#[cfg(feature = "testing")]
+pub mod testing;
