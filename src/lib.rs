@@ -4,3 +4,4 @@
 
 pub mod canonical;
 pub mod core;
+pub mod store;

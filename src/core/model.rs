@@ -408,7 +408,20 @@ impl Transaction {
                 now,
             ));
         }
+        tx.sort_branches();
         tx
+    }
+
+    /// Puts the branches in their canonical order: by step or registration order, then
+    /// branch id, then action name. Stores return them in this order too.
+    pub fn sort_branches(&mut self) {
+        sort_branches(&mut self.branches);
+    }
+
+    /// Adds newly registered branch operations.
+    pub fn add_branches(&mut self, branches: impl IntoIterator<Item = Branch>) {
+        self.branches.extend(branches);
+        self.sort_branches();
     }
 
     pub fn branch(&self, key: &BranchKey) -> Option<&Branch> {
@@ -452,6 +465,13 @@ impl Transaction {
             })
             .collect()
     }
+}
+
+/// Sorts branch operations into their canonical order (see [`Transaction::sort_branches`]).
+pub fn sort_branches(branches: &mut [Branch]) {
+    branches.sort_by(|a, b| {
+        (a.seq, &a.branch_id, a.action.as_str()).cmp(&(b.seq, &b.branch_id, b.action.as_str()))
+    });
 }
 
 /// The branch id of saga/msg step `index` (0-based): `01`, `02`, ... as DTM numbers them.

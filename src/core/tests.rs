@@ -44,7 +44,7 @@ fn tcc(branches: &[&str]) -> Transaction {
             ),
         ];
         match register(&tx, new, T0).unwrap() {
-            Registration::New(b) => tx.branches.extend(b),
+            Registration::New(b) => tx.add_branches(b),
             Registration::AlreadyRegistered => unreachable!(),
         }
     }

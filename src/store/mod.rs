@@ -1,0 +1,213 @@
+//! Durable storage of global transactions and branch operations.
+//!
+//! One [`Store`] trait, one implementation per database. The logic common to all three
+//! lives once in [`sql::SqlStore`], generic over the sqlx database; what really differs
+//! (placeholders, how to claim due rows, how to start a write transaction) lives in one
+//! module per database.
+//!
+//! Invariants every implementation keeps:
+//! - a branch operation is stored once per (gid, branch_id, action): the primary key;
+//! - every change of a global row is a conditional update on its expected status and,
+//!   for an engine holding a lease, its owner token; zero rows updated means someone else
+//!   moved it ([`Saved::Lost`]) and the caller re-reads instead of overwriting;
+//! - a row is claimed (taken over after its lease expired) with a conditional update too.
+
+use std::sync::Arc;
+
+use crate::core::{Action, Branch, BranchKey, Kind, Millis, Status, Transaction};
+
+mod mysql;
+mod postgres;
+pub mod sql;
+mod sqlite;
+
+/// Why the store could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("stored data is invalid: {0}")]
+    Corrupt(String),
+    #[error("unsupported database URL {0:?}: use sqlite:, postgres:// or mysql://")]
+    UnsupportedUrl(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// The right to drive a transaction until `until`, identified by a token that is new for
+/// every claim. Writes carry the token; once someone else claims the row, they fail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub token: String,
+    pub until: Millis,
+}
+
+/// A transaction as stored, with what the state machine does not see.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredTx {
+    pub tx: Transaction,
+    /// SHA-256 of the canonical request that created it.
+    pub request_hash: String,
+    pub owner_token: Option<String>,
+    pub lease_until: Option<Millis>,
+    pub version: i64,
+}
+
+/// Result of [`Store::create`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Created {
+    Inserted,
+    /// The gid was taken; here is what is stored under it.
+    Exists(Box<StoredTx>),
+}
+
+/// Result of [`Store::register`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Registered {
+    /// The operations are stored (now or by an identical earlier request).
+    Stored,
+    NotFound,
+    /// The transaction is no longer prepared, or its timeout passed.
+    NotPrepared(Status),
+    /// The same branch operation exists with another URL or payload.
+    Conflict(BranchKey),
+}
+
+/// Which condition guards a save.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guard<'a> {
+    /// An engine that holds the lease under this token.
+    Owner(&'a str),
+    /// A client or operator request that read the row at this version: conditional on the
+    /// status and the version (so a branch registered in between is not missed), and it
+    /// takes the transaction over from whoever held it.
+    Version(i64),
+}
+
+/// One conditional write of a transaction's new state.
+#[derive(Clone, Debug)]
+pub struct Save<'a> {
+    pub before: &'a Transaction,
+    pub after: &'a Transaction,
+    pub guard: Guard<'a>,
+    /// The owner to record from now on; `None` releases the row (no owner, no lease).
+    pub lease: Option<&'a Lease>,
+    /// Calls that did not succeed, for the history.
+    pub attempts: &'a [AttemptRecord],
+}
+
+/// Result of [`Store::save`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Saved {
+    Saved,
+    /// The row was not in the expected status or is owned by someone else: nothing was
+    /// written. Re-read before doing anything else.
+    Lost,
+}
+
+/// One call to a participant that did not simply succeed.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AttemptRecord {
+    pub branch_id: String,
+    pub action: Action,
+    /// 1 for the first call of this branch operation.
+    pub attempt: i32,
+    pub started_at: Millis,
+    pub duration_ms: i64,
+    /// `failure`, `in_progress` or `unknown`.
+    pub outcome: String,
+    pub detail: Option<String>,
+}
+
+/// Filters for [`Store::list`]. Results come newest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    pub status: Option<Status>,
+    pub kind: Option<Kind>,
+    pub created_from: Option<Millis>,
+    pub created_to: Option<Millis>,
+    /// Continue after this (created_at, gid), as returned in a page's `next`.
+    pub after: Option<(Millis, String)>,
+    pub limit: u32,
+}
+
+/// A page of transactions, without their branches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Page {
+    pub items: Vec<StoredTx>,
+    pub next: Option<(Millis, String)>,
+}
+
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// `sqlite`, `postgres` or `mysql`.
+    fn backend(&self) -> &'static str;
+
+    /// Applies the schema migrations. Safe to run again and from several processes.
+    async fn migrate(&self) -> Result<()>;
+
+    /// Inserts a new transaction with its branches, unless the gid exists.
+    async fn create(
+        &self,
+        tx: &Transaction,
+        request_hash: &str,
+        lease: Option<&Lease>,
+    ) -> Result<Created>;
+
+    async fn load(&self, gid: &str) -> Result<Option<StoredTx>>;
+
+    /// Adds TCC branch operations, atomically with the check that the transaction is
+    /// still prepared (a submit that commits first wins; a registration after it fails).
+    async fn register(&self, gid: &str, branches: &[Branch], now: Millis) -> Result<Registered>;
+
+    /// Writes a new state, conditionally (see [`Guard`]).
+    async fn save(&self, save: Save<'_>) -> Result<Saved>;
+
+    /// Claims up to `limit` unfinished transactions that are due and whose lease expired
+    /// (or that have no owner), and returns them. Several coordinators can call this at
+    /// once: each row goes to one of them.
+    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<StoredTx>>;
+
+    /// Extends a lease; false if the token no longer owns the row.
+    async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool>;
+
+    async fn list(&self, filter: &ListFilter) -> Result<Page>;
+
+    /// The retry history of one transaction, oldest first.
+    async fn attempts(&self, gid: &str) -> Result<Vec<AttemptRecord>>;
+}
+
+/// How to open a store.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// Connections to a server database.
+    pub max_connections: u32,
+    /// SQLite: `synchronous=FULL` (fsync at every commit). Off, commits survive a crash
+    /// of idem but not of the machine.
+    pub sqlite_full_sync: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            max_connections: 16,
+            sqlite_full_sync: true,
+        }
+    }
+}
+
+/// Opens the store the URL names: `sqlite:path`, `postgres://...` or `mysql://...`
+/// (MariaDB too). Does not migrate.
+pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::connect(url, options).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(postgres::connect(url, options).await?))
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        Ok(Arc::new(mysql::connect(url, options).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_owned()))
+    }
+}

@@ -1,0 +1,96 @@
+//! MySQL and MariaDB.
+
+use std::str::FromStr;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlQueryResult};
+use sqlx::{Executor, MySql, Pool, Transaction};
+
+use super::sql::{ACTIVE_STATUSES, Dialect, SqlStore};
+use super::{ConnectOptions, Lease, Result};
+use crate::core::Millis;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/mysql");
+
+impl Dialect for MySql {
+    const BACKEND: &'static str = "mysql";
+    const NUMBERED_PARAMETERS: bool = false;
+    const ON_DUPLICATE_DO_NOTHING: &'static str = "";
+
+    fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
+        MIGRATOR.run(pool).boxed()
+    }
+
+    fn rows_affected(result: &MySqlQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn begin_write(pool: &Pool<Self>) -> BoxFuture<'_, sqlx::Result<Transaction<'static, Self>>> {
+        pool.begin().boxed()
+    }
+
+    fn claim<'a>(
+        store: &'a SqlStore<Self>,
+        lease: &'a Lease,
+        now: Millis,
+        limit: u32,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<String>>> {
+        async move {
+            // MariaDB cannot UPDATE ... WHERE gid IN (subquery with LIMIT) on the same
+            // table, so lock the due rows first (they exist, and READ COMMITTED takes no
+            // gap locks), then take them over, in one transaction.
+            let select = format!(
+                "SELECT gid FROM idem_global \
+                 WHERE status IN {ACTIVE_STATUSES} AND next_attempt_at <= ? \
+                   AND (lease_until IS NULL OR lease_until < ?) \
+                 ORDER BY next_attempt_at LIMIT ? FOR UPDATE SKIP LOCKED"
+            );
+            let mut db = store.pool.begin().await?;
+            let gids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(select))
+                .bind(now)
+                .bind(now)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *db)
+                .await?;
+            if gids.is_empty() {
+                db.commit().await?;
+                return Ok(gids);
+            }
+            let update = format!(
+                "UPDATE idem_global SET owner_token = ?, lease_until = ?, version = version + 1 \
+                 WHERE gid IN ({})",
+                vec!["?"; gids.len()].join(", ")
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(update))
+                .bind(&lease.token)
+                .bind(lease.until);
+            for gid in &gids {
+                query = query.bind(gid);
+            }
+            query.execute(&mut *db).await?;
+            db.commit().await?;
+            Ok(gids)
+        }
+        .boxed()
+    }
+}
+
+pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<MySql>> {
+    let url = url.replacen("mariadb://", "mysql://", 1);
+    let connect = MySqlConnectOptions::from_str(&url)?;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(options.max_connections)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                // Locking reads under REPEATABLE READ also lock the gaps between index
+                // records, which blocks inserts of new transactions and invites deadlocks.
+                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_with(connect)
+        .await?;
+    Ok(SqlStore::new(pool))
+}

@@ -1,0 +1,680 @@
+//! The store logic shared by every database, written once over sqlx's generic traits.
+//!
+//! SQL is written with `?` placeholders and translated to `$n` for PostgreSQL when the
+//! store is opened. What differs between databases beyond that is behind [`Dialect`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Type};
+
+use super::*;
+use crate::core::{self, TxOptions};
+
+/// What a database does its own way.
+pub trait Dialect: Database + Sized {
+    const BACKEND: &'static str;
+    /// `$1, $2, ...` instead of `?`.
+    const NUMBERED_PARAMETERS: bool;
+    /// Appended to inserts that may hit an existing key. PostgreSQL and SQLite skip the
+    /// row; MySQL has no clause that only ignores duplicate keys without also making the
+    /// affected-rows count ambiguous, so it reports the duplicate as an error, which
+    /// MySQL (unlike PostgreSQL) does not let abort the transaction.
+    const ON_DUPLICATE_DO_NOTHING: &'static str;
+
+    /// Applies this database's migrations (`migrations/<backend>/`).
+    fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>>;
+
+    /// sqlx has no database-neutral accessor for the affected-row count.
+    fn rows_affected(result: &Self::QueryResult) -> u64;
+
+    /// Starts a transaction that will write. SQLite takes the write lock at once
+    /// (`BEGIN IMMEDIATE`) so that two writers never deadlock upgrading read locks.
+    fn begin_write(
+        pool: &Pool<Self>,
+    ) -> BoxFuture<'_, sqlx::Result<sqlx::Transaction<'static, Self>>>;
+
+    /// Claims due rows for `lease` and returns their gids.
+    fn claim<'a>(
+        store: &'a SqlStore<Self>,
+        lease: &'a Lease,
+        now: Millis,
+        limit: u32,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<String>>>;
+}
+
+const GLOBAL_COLUMNS: &str = "gid, kind, status, stalled_from, request_hash, options, timeout_at, \
+     attempts, next_attempt_at, last_error, reason, owner_token, lease_until, version, \
+     created_at, updated_at, finished_at";
+const BRANCH_COLUMNS: &str = "gid, branch_id, action, seq, url, payload, status, attempts, \
+     next_attempt_at, last_error, updated_at, finished_at";
+const ATTEMPT_COLUMNS: &str =
+    "branch_id, action, attempt, started_at, duration_ms, outcome, detail";
+pub(super) const ACTIVE_STATUSES: &str = "('prepared', 'running', 'committing', 'aborting')";
+
+/// The statements, translated for one database once.
+pub struct Statements {
+    pub insert_global: Arc<str>,
+    pub select_global: Arc<str>,
+    pub select_branches: Arc<str>,
+    pub update_global_owned: Arc<str>,
+    pub update_global_by_version: Arc<str>,
+    pub update_branch: Arc<str>,
+    pub lock_prepared: Arc<str>,
+    pub renew: Arc<str>,
+    pub select_attempts: Arc<str>,
+    insert_branches: Vec<Arc<str>>,
+    insert_attempts: Vec<Arc<str>>,
+    numbered: bool,
+}
+
+/// Rows per multi-row insert statement; more rows take several statements.
+const INSERT_BATCH: usize = 16;
+
+impl Statements {
+    fn new(numbered: bool, on_duplicate: &str) -> Statements {
+        let t = |sql: String| -> Arc<str> { translate(&sql, numbered).into() };
+        let rows = |n: usize, width: usize| -> String {
+            let row = format!("({})", vec!["?"; width].join(", "));
+            vec![row; n].join(", ")
+        };
+        Statements {
+            insert_global: t(format!(
+                "INSERT INTO idem_global ({GLOBAL_COLUMNS}) VALUES {}{on_duplicate}",
+                rows(1, 17)
+            )),
+            select_global: t(format!(
+                "SELECT {GLOBAL_COLUMNS} FROM idem_global WHERE gid = ?"
+            )),
+            select_branches: t(format!(
+                "SELECT {BRANCH_COLUMNS} FROM idem_branch WHERE gid = ? ORDER BY seq, branch_id, action"
+            )),
+            update_global_owned: t(format!(
+                "UPDATE idem_global SET {GLOBAL_SET} WHERE gid = ? AND status = ? AND owner_token = ?"
+            )),
+            update_global_by_version: t(format!(
+                "UPDATE idem_global SET {GLOBAL_SET} WHERE gid = ? AND status = ? AND version = ?"
+            )),
+            update_branch: t(
+                "UPDATE idem_branch SET status = ?, attempts = ?, next_attempt_at = ?, \
+                 last_error = ?, updated_at = ?, finished_at = ? \
+                 WHERE gid = ? AND branch_id = ? AND action = ?"
+                    .into(),
+            ),
+            lock_prepared: t(
+                "UPDATE idem_global SET version = version + 1, updated_at = ? \
+                 WHERE gid = ? AND status = 'prepared' AND (timeout_at IS NULL OR timeout_at > ?)"
+                    .into(),
+            ),
+            renew: t(
+                "UPDATE idem_global SET lease_until = ? WHERE gid = ? AND owner_token = ?".into(),
+            ),
+            select_attempts: t(format!(
+                "SELECT {ATTEMPT_COLUMNS} FROM idem_attempt WHERE gid = ? ORDER BY id"
+            )),
+            insert_branches: (1..=INSERT_BATCH)
+                .map(|n| {
+                    t(format!(
+                        "INSERT INTO idem_branch ({BRANCH_COLUMNS}) VALUES {}",
+                        rows(n, 12)
+                    ))
+                })
+                .collect(),
+            insert_attempts: (1..=INSERT_BATCH)
+                .map(|n| {
+                    t(format!(
+                        "INSERT INTO idem_attempt (gid, {ATTEMPT_COLUMNS}) VALUES {}",
+                        rows(n, 8)
+                    ))
+                })
+                .collect(),
+            numbered,
+        }
+    }
+
+    /// Translates a `?` statement built at run time (a list filter, an IN list).
+    pub fn dynamic(&self, sql: &str) -> String {
+        translate(sql, self.numbered)
+    }
+}
+
+const GLOBAL_SET: &str = "status = ?, stalled_from = ?, attempts = ?, next_attempt_at = ?, \
+     last_error = ?, reason = ?, timeout_at = ?, updated_at = ?, finished_at = ?, \
+     owner_token = ?, lease_until = ?, version = version + 1";
+
+/// `?` to `$1, $2, ...` outside string literals.
+pub fn translate(sql: &str, numbered: bool) -> String {
+    if !numbered {
+        return sql.to_owned();
+    }
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = 0;
+    let mut in_string = false;
+    for c in sql.chars() {
+        match c {
+            '\'' => {
+                in_string = !in_string;
+                out.push(c);
+            }
+            '?' if !in_string => {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// A global row as stored.
+#[derive(Debug, Clone, FromRow)]
+pub struct GlobalRow {
+    pub gid: String,
+    pub kind: String,
+    pub status: String,
+    pub stalled_from: Option<String>,
+    pub request_hash: String,
+    pub options: String,
+    pub timeout_at: Option<i64>,
+    pub attempts: i32,
+    pub next_attempt_at: Option<i64>,
+    pub last_error: Option<String>,
+    pub reason: Option<String>,
+    pub owner_token: Option<String>,
+    pub lease_until: Option<i64>,
+    pub version: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+/// A branch row as stored.
+#[derive(Debug, Clone, FromRow)]
+pub struct BranchRow {
+    pub gid: String,
+    pub branch_id: String,
+    pub action: String,
+    pub seq: i32,
+    pub url: String,
+    pub payload: String,
+    pub status: String,
+    pub attempts: i32,
+    pub next_attempt_at: Option<i64>,
+    pub last_error: Option<String>,
+    pub updated_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, FromRow)]
+struct AttemptRow {
+    branch_id: String,
+    action: String,
+    attempt: i32,
+    started_at: i64,
+    duration_ms: i64,
+    outcome: String,
+    detail: Option<String>,
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+impl BranchRow {
+    fn into_branch(self) -> Result<Branch> {
+        Ok(Branch {
+            branch_id: self.branch_id,
+            action: self.action.parse().map_err(corrupt)?,
+            seq: self.seq,
+            url: self.url,
+            payload: self.payload,
+            status: self.status.parse().map_err(corrupt)?,
+            attempts: self.attempts,
+            next_attempt_at: self.next_attempt_at,
+            last_error: self.last_error,
+            updated_at: self.updated_at,
+            finished_at: self.finished_at,
+        })
+    }
+}
+
+impl GlobalRow {
+    fn into_stored(self, branches: Vec<Branch>) -> Result<StoredTx> {
+        let options: TxOptions = serde_json::from_str(&self.options).map_err(corrupt)?;
+        Ok(StoredTx {
+            tx: Transaction {
+                gid: self.gid,
+                kind: self.kind.parse().map_err(corrupt)?,
+                status: self.status.parse().map_err(corrupt)?,
+                stalled_from: self
+                    .stalled_from
+                    .map(|s| s.parse())
+                    .transpose()
+                    .map_err(corrupt)?,
+                options,
+                timeout_at: self.timeout_at,
+                attempts: self.attempts,
+                next_attempt_at: self.next_attempt_at,
+                last_error: self.last_error,
+                reason: self.reason,
+                created_at: self.created_at,
+                updated_at: self.updated_at,
+                finished_at: self.finished_at,
+                branches,
+            },
+            request_hash: self.request_hash,
+            owner_token: self.owner_token,
+            lease_until: self.lease_until,
+            version: self.version,
+        })
+    }
+}
+
+/// The store for one database.
+pub struct SqlStore<DB: Dialect> {
+    pub pool: Pool<DB>,
+    pub sql: Statements,
+}
+
+impl<DB: Dialect> SqlStore<DB> {
+    pub fn new(pool: Pool<DB>) -> Self {
+        SqlStore {
+            pool,
+            sql: Statements::new(DB::NUMBERED_PARAMETERS, DB::ON_DUPLICATE_DO_NOTHING),
+        }
+    }
+}
+
+fn q<DB: Database>(sql: &Arc<str>) -> sqlx::query::Query<'static, DB, DB::Arguments> {
+    sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+}
+
+/// Errors longer than this are cut before they are stored.
+const MAX_ERROR_LEN: usize = 2_000;
+
+fn clip(s: &Option<String>) -> Option<&str> {
+    s.as_deref().map(|s| {
+        if s.len() <= MAX_ERROR_LEN {
+            s
+        } else {
+            let mut end = MAX_ERROR_LEN;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            &s[..end]
+        }
+    })
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .is_some_and(|d| d.is_unique_violation())
+}
+
+// The bounds below say "the generic code can run these statements and decode these rows
+// on this database"; every sqlx backend satisfies them.
+#[async_trait::async_trait]
+impl<DB> Store for SqlStore<DB>
+where
+    DB: Dialect,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'r> GlobalRow: FromRow<'r, DB::Row>,
+    for<'r> BranchRow: FromRow<'r, DB::Row>,
+    for<'r> AttemptRow: FromRow<'r, DB::Row>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB>,
+    for<'q> i32: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    fn backend(&self) -> &'static str {
+        <DB as Dialect>::BACKEND
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        DB::migrate(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn create(
+        &self,
+        tx: &Transaction,
+        request_hash: &str,
+        lease: Option<&Lease>,
+    ) -> Result<Created> {
+        let mut db = DB::begin_write(&self.pool).await?;
+        let options = serde_json::to_string(&tx.options).map_err(corrupt)?;
+        let insert = q::<DB>(&self.sql.insert_global)
+            .bind(tx.gid.as_str())
+            .bind(tx.kind.as_str())
+            .bind(tx.status.as_str())
+            .bind(tx.stalled_from.map(|s| s.as_str()))
+            .bind(request_hash)
+            .bind(options.as_str())
+            .bind(tx.timeout_at)
+            .bind(tx.attempts)
+            .bind(tx.next_attempt_at)
+            .bind(clip(&tx.last_error))
+            .bind(tx.reason.as_deref())
+            .bind(lease.map(|l| l.token.as_str()))
+            .bind(lease.map(|l| l.until))
+            .bind(0i64)
+            .bind(tx.created_at)
+            .bind(tx.updated_at)
+            .bind(tx.finished_at)
+            .execute(&mut *db)
+            .await;
+        let inserted = match insert {
+            Ok(done) => DB::rows_affected(&done) == 1,
+            Err(e) if is_unique_violation(&e) => false,
+            Err(e) => return Err(e.into()),
+        };
+        if !inserted {
+            db.rollback().await?;
+            return match self.load(&tx.gid).await? {
+                Some(existing) => Ok(Created::Exists(Box::new(existing))),
+                // Deleted between our insert and our read; report it as taken anyway.
+                None => Err(StoreError::Corrupt(format!("gid {} vanished", tx.gid))),
+            };
+        }
+        self.insert_branches(&mut db, &tx.gid, &tx.branches).await?;
+        db.commit().await?;
+        Ok(Created::Inserted)
+    }
+
+    async fn load(&self, gid: &str) -> Result<Option<StoredTx>> {
+        let mut conn = self.pool.acquire().await?;
+        let row: Option<GlobalRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql.select_global.clone()))
+                .bind(gid)
+                .fetch_optional(&mut *conn)
+                .await?;
+        let Some(row) = row else { return Ok(None) };
+        let branches = self.load_branches(&mut conn, gid).await?;
+        Ok(Some(row.into_stored(branches)?))
+    }
+
+    async fn register(&self, gid: &str, branches: &[Branch], now: Millis) -> Result<Registered> {
+        let mut db = DB::begin_write(&self.pool).await?;
+        // Lock the global row in the prepared status: a concurrent submit waits for this
+        // transaction, and a registration after a submit finds nothing to lock.
+        let locked = q::<DB>(&self.sql.lock_prepared)
+            .bind(now)
+            .bind(gid)
+            .bind(now)
+            .execute(&mut *db)
+            .await?;
+        if DB::rows_affected(&locked) == 0 {
+            db.rollback().await?;
+            return Ok(match self.load(gid).await? {
+                None => Registered::NotFound,
+                Some(stored) => Registered::NotPrepared(stored.tx.status),
+            });
+        }
+        let mut stored = self.load_global(&mut db, gid).await?;
+        stored.tx.branches = self.load_branches(&mut db, gid).await?;
+        match core::register(&stored.tx, branches.to_vec(), now) {
+            Ok(core::Registration::AlreadyRegistered) => {
+                db.rollback().await?;
+                Ok(Registered::Stored)
+            }
+            Ok(core::Registration::New(new)) => {
+                self.insert_branches(&mut db, gid, &new).await?;
+                db.commit().await?;
+                Ok(Registered::Stored)
+            }
+            Err(core::CoreError::BranchConflict(key)) => {
+                db.rollback().await?;
+                Ok(Registered::Conflict(key))
+            }
+            Err(_) => {
+                db.rollback().await?;
+                Ok(Registered::NotPrepared(stored.tx.status))
+            }
+        }
+    }
+
+    async fn save(&self, save: Save<'_>) -> Result<Saved> {
+        let (before, after) = (save.before, save.after);
+        let mut db = DB::begin_write(&self.pool).await?;
+        let sql = match save.guard {
+            Guard::Owner(_) => &self.sql.update_global_owned,
+            Guard::Version(_) => &self.sql.update_global_by_version,
+        };
+        let mut update = q::<DB>(sql)
+            .bind(after.status.as_str())
+            .bind(after.stalled_from.map(|s| s.as_str()))
+            .bind(after.attempts)
+            .bind(after.next_attempt_at)
+            .bind(clip(&after.last_error))
+            .bind(after.reason.as_deref())
+            .bind(after.timeout_at)
+            .bind(after.updated_at)
+            .bind(after.finished_at)
+            .bind(save.lease.map(|l| l.token.as_str()))
+            .bind(save.lease.map(|l| l.until))
+            .bind(after.gid.as_str())
+            .bind(before.status.as_str());
+        update = match save.guard {
+            Guard::Owner(token) => update.bind(token),
+            Guard::Version(version) => update.bind(version),
+        };
+        let done = update.execute(&mut *db).await?;
+        if DB::rows_affected(&done) == 0 {
+            db.rollback().await?;
+            return Ok(Saved::Lost);
+        }
+        let old: HashMap<BranchKey, &Branch> =
+            before.branches.iter().map(|b| (b.key(), b)).collect();
+        for branch in &after.branches {
+            if old.get(&branch.key()).is_some_and(|b| *b == branch) {
+                continue;
+            }
+            q::<DB>(&self.sql.update_branch)
+                .bind(branch.status.as_str())
+                .bind(branch.attempts)
+                .bind(branch.next_attempt_at)
+                .bind(clip(&branch.last_error))
+                .bind(branch.updated_at)
+                .bind(branch.finished_at)
+                .bind(after.gid.as_str())
+                .bind(branch.branch_id.as_str())
+                .bind(branch.action.as_str())
+                .execute(&mut *db)
+                .await?;
+        }
+        for chunk in save.attempts.chunks(INSERT_BATCH) {
+            let mut insert = q::<DB>(&self.sql.insert_attempts[chunk.len() - 1]);
+            for a in chunk {
+                insert = insert
+                    .bind(after.gid.as_str())
+                    .bind(a.branch_id.as_str())
+                    .bind(a.action.as_str())
+                    .bind(a.attempt)
+                    .bind(a.started_at)
+                    .bind(a.duration_ms)
+                    .bind(a.outcome.as_str())
+                    .bind(clip(&a.detail));
+            }
+            insert.execute(&mut *db).await?;
+        }
+        db.commit().await?;
+        Ok(Saved::Saved)
+    }
+
+    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<StoredTx>> {
+        let gids = DB::claim(self, lease, now, limit).await?;
+        let mut out = Vec::with_capacity(gids.len());
+        for gid in gids {
+            // A claimed row can only change under our token now, so reading it after the
+            // claim is consistent.
+            if let Some(stored) = self.load(&gid).await? {
+                out.push(stored);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool> {
+        let done = q::<DB>(&self.sql.renew)
+            .bind(until)
+            .bind(gid)
+            .bind(token)
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Page> {
+        let mut sql = format!("SELECT {GLOBAL_COLUMNS} FROM idem_global WHERE 1 = 1");
+        if filter.status.is_some() {
+            sql.push_str(" AND status = ?");
+        }
+        if filter.kind.is_some() {
+            sql.push_str(" AND kind = ?");
+        }
+        if filter.created_from.is_some() {
+            sql.push_str(" AND created_at >= ?");
+        }
+        if filter.created_to.is_some() {
+            sql.push_str(" AND created_at < ?");
+        }
+        if filter.after.is_some() {
+            sql.push_str(" AND (created_at < ? OR (created_at = ? AND gid < ?))");
+        }
+        sql.push_str(" ORDER BY created_at DESC, gid DESC LIMIT ?");
+        let sql = self.sql.dynamic(&sql);
+        let limit = filter.limit.clamp(1, 1_000);
+        let mut query = sqlx::query_as::<DB, GlobalRow>(sqlx::AssertSqlSafe(sql));
+        if let Some(status) = filter.status {
+            query = query.bind(status.as_str());
+        }
+        if let Some(kind) = filter.kind {
+            query = query.bind(kind.as_str());
+        }
+        if let Some(from) = filter.created_from {
+            query = query.bind(from);
+        }
+        if let Some(to) = filter.created_to {
+            query = query.bind(to);
+        }
+        if let Some((created, gid)) = &filter.after {
+            query = query.bind(*created).bind(*created).bind(gid.as_str());
+        }
+        let rows = query.bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        let items = rows
+            .into_iter()
+            .map(|r| r.into_stored(Vec::new()))
+            .collect::<Result<Vec<_>>>()?;
+        let next = (items.len() == limit as usize)
+            .then(|| items.last().map(|s| (s.tx.created_at, s.tx.gid.clone())))
+            .flatten();
+        Ok(Page { items, next })
+    }
+
+    async fn attempts(&self, gid: &str) -> Result<Vec<AttemptRecord>> {
+        let rows: Vec<AttemptRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql.select_attempts.clone()))
+                .bind(gid)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(AttemptRecord {
+                    branch_id: r.branch_id,
+                    action: r.action.parse().map_err(corrupt)?,
+                    attempt: r.attempt,
+                    started_at: r.started_at,
+                    duration_ms: r.duration_ms,
+                    outcome: r.outcome,
+                    detail: r.detail,
+                })
+            })
+            .collect()
+    }
+}
+
+impl<DB> SqlStore<DB>
+where
+    DB: Dialect,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'r> GlobalRow: FromRow<'r, DB::Row>,
+    for<'r> BranchRow: FromRow<'r, DB::Row>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> i32: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+{
+    async fn load_global(&self, conn: &mut DB::Connection, gid: &str) -> Result<StoredTx> {
+        let row: GlobalRow = sqlx::query_as(sqlx::AssertSqlSafe(self.sql.select_global.clone()))
+            .bind(gid)
+            .fetch_one(&mut *conn)
+            .await?;
+        row.into_stored(Vec::new())
+    }
+
+    async fn load_branches(&self, conn: &mut DB::Connection, gid: &str) -> Result<Vec<Branch>> {
+        let rows: Vec<BranchRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql.select_branches.clone()))
+                .bind(gid)
+                .fetch_all(&mut *conn)
+                .await?;
+        let mut branches = rows
+            .into_iter()
+            .map(BranchRow::into_branch)
+            .collect::<Result<Vec<_>>>()?;
+        // Sorted here rather than by SQL: collations order branch ids differently.
+        core::sort_branches(&mut branches);
+        Ok(branches)
+    }
+
+    async fn insert_branches(
+        &self,
+        conn: &mut DB::Connection,
+        gid: &str,
+        branches: &[Branch],
+    ) -> Result<()> {
+        for chunk in branches.chunks(INSERT_BATCH) {
+            let mut insert = q::<DB>(&self.sql.insert_branches[chunk.len() - 1]);
+            for b in chunk {
+                insert = insert
+                    .bind(gid)
+                    .bind(b.branch_id.as_str())
+                    .bind(b.action.as_str())
+                    .bind(b.seq)
+                    .bind(b.url.as_str())
+                    .bind(b.payload.as_str())
+                    .bind(b.status.as_str())
+                    .bind(b.attempts)
+                    .bind(b.next_attempt_at)
+                    .bind(clip(&b.last_error))
+                    .bind(b.updated_at)
+                    .bind(b.finished_at);
+            }
+            insert.execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::translate;
+
+    #[test]
+    fn placeholders_are_numbered_outside_strings() {
+        assert_eq!(
+            translate("a = ? AND b = '?' AND c IN (?, ?)", true),
+            "a = $1 AND b = '?' AND c IN ($2, $3)"
+        );
+        assert_eq!(translate("a = ?", false), "a = ?");
+    }
+}

@@ -1,0 +1,85 @@
+//! SQLite, the embedded default.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteQueryResult,
+    SqliteSynchronous,
+};
+use sqlx::{Pool, Sqlite, Transaction};
+
+use super::sql::{ACTIVE_STATUSES, Dialect, SqlStore};
+use super::{ConnectOptions, Lease, Result};
+use crate::core::Millis;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+
+impl Dialect for Sqlite {
+    const BACKEND: &'static str = "sqlite";
+    const NUMBERED_PARAMETERS: bool = false;
+    const ON_DUPLICATE_DO_NOTHING: &'static str = " ON CONFLICT DO NOTHING";
+
+    fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
+        MIGRATOR.run(pool).boxed()
+    }
+
+    fn rows_affected(result: &SqliteQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn begin_write(pool: &Pool<Self>) -> BoxFuture<'_, sqlx::Result<Transaction<'static, Self>>> {
+        // Taking the write lock up front: a deferred transaction that reads first and
+        // writes later can fail with SQLITE_BUSY when another writer got in between.
+        pool.begin_with("BEGIN IMMEDIATE").boxed()
+    }
+
+    fn claim<'a>(
+        store: &'a SqlStore<Self>,
+        lease: &'a Lease,
+        now: Millis,
+        limit: u32,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<String>>> {
+        async move {
+            let sql = format!(
+                "UPDATE idem_global SET owner_token = ?, lease_until = ?, version = version + 1 \
+                 WHERE gid IN (SELECT gid FROM idem_global \
+                   WHERE status IN {ACTIVE_STATUSES} AND next_attempt_at <= ? \
+                     AND (lease_until IS NULL OR lease_until < ?) \
+                   ORDER BY next_attempt_at LIMIT ?) \
+                 RETURNING gid"
+            );
+            let mut db = Self::begin_write(&store.pool).await?;
+            let gids = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
+                .bind(&lease.token)
+                .bind(lease.until)
+                .bind(now)
+                .bind(now)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *db)
+                .await?;
+            db.commit().await?;
+            Ok(gids)
+        }
+        .boxed()
+    }
+}
+
+pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<Sqlite>> {
+    let connect = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(if options.sqlite_full_sync {
+            SqliteSynchronous::Full
+        } else {
+            SqliteSynchronous::Normal
+        })
+        .busy_timeout(Duration::from_secs(10));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(options.max_connections.clamp(1, 8))
+        .connect_with(connect)
+        .await?;
+    Ok(SqlStore::new(pool))
+}
