@@ -2,6 +2,11 @@
 //!
 //! See `ARCHITECTURE.md` for the map of this crate.
 
+pub mod api;
 pub mod canonical;
+pub mod cli;
 pub mod core;
+pub mod engine;
+pub mod server;
 pub mod store;
+pub mod transport;

@@ -1,0 +1,735 @@
+//! idem's own HTTP API, under `/api/v1`. Documented in `docs/api.md`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::core::{
+    Action, Branch, BranchStatus, CallOutcome, Kind, Millis, SagaStep, Status, Transaction,
+    TxOptions,
+};
+use crate::engine::{NewPrepared, NewSaga};
+use crate::store::{AttemptRecord, ListFilter, StoredTx};
+
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/api/v1/transactions", post(create).get(list))
+        .route("/api/v1/transactions/{gid}", get(show))
+        .route("/api/v1/transactions/{gid}/branches", post(register))
+        .route("/api/v1/transactions/{gid}/submit", post(submit))
+        .route("/api/v1/transactions/{gid}/abort", post(abort))
+        .route("/api/v1/transactions/{gid}/retry", post(retry))
+        .route("/api/v1/transactions/{gid}/force-stop", post(force_stop))
+}
+
+// ---- validation ------------------------------------------------------------------------
+
+pub const MAX_ID_LEN: usize = 128;
+
+/// Gids and branch ids: 1 to 128 of `A-Z a-z 0-9 _ . : -`. They end up in URLs, logs and
+/// unique indexes, so anything else is refused rather than escaped.
+pub fn check_id(what: &'static str, code: &'static str, id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            code,
+            format!(
+                "{what} must be 1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 _ . : - (got {id:?})"
+            ),
+        ))
+    }
+}
+
+/// Participant URLs must be absolute http(s) URLs with a host.
+pub fn check_url(field: &str, url: &str) -> Result<(), ApiError> {
+    let parsed = reqwest::Url::parse(url);
+    match parsed {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
+        _ => Err(ApiError::bad_request(
+            "invalid_url",
+            format!("{field} must be an absolute http:// or https:// URL (got {url:?})"),
+        )),
+    }
+}
+
+/// Parses a JSON body into `T`, turning every way it can be wrong into a 4xx.
+pub fn parse_body<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+    empty_is: Option<&str>,
+) -> Result<(T, Value), ApiError> {
+    let bytes = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(e.status(), "payload_too_large", e.body_text())
+        } else {
+            ApiError::bad_request("invalid_body", e.body_text())
+        }
+    })?;
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        match empty_is {
+            Some(default) => default.as_bytes(),
+            None => {
+                return Err(ApiError::bad_request(
+                    "invalid_json",
+                    "the request body is empty",
+                ));
+            }
+        }
+    } else {
+        &bytes
+    };
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request("invalid_json", format!("the body is not JSON: {e}")))?;
+    let typed = T::deserialize(&value)
+        .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid request: {e}")))?;
+    Ok((typed, value))
+}
+
+// ---- requests --------------------------------------------------------------------------
+
+/// Options a request may set; anything unset takes the server default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptionsRequest {
+    pub request_timeout_ms: Option<u64>,
+    pub retry_interval_ms: Option<u64>,
+    pub max_retry_interval_ms: Option<u64>,
+    pub max_attempts: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub branch_headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub concurrent: bool,
+    #[serde(default)]
+    pub orders: BTreeMap<String, Vec<usize>>,
+}
+
+impl OptionsRequest {
+    /// Resolves against the defaults, checking ranges.
+    pub fn resolve(self, defaults: &TxOptions, steps: usize) -> Result<TxOptions, ApiError> {
+        let bad = |m: String| ApiError::bad_request("invalid_options", m);
+        let mut o = defaults.clone();
+        if let Some(v) = self.request_timeout_ms {
+            if !(1..=600_000).contains(&v) {
+                return Err(bad(format!(
+                    "request_timeout_ms must be 1..=600000, got {v}"
+                )));
+            }
+            o.request_timeout_ms = v;
+        }
+        if let Some(v) = self.retry_interval_ms {
+            if !(1..=3_600_000).contains(&v) {
+                return Err(bad(format!(
+                    "retry_interval_ms must be 1..=3600000, got {v}"
+                )));
+            }
+            o.retry_interval_ms = v;
+        }
+        if let Some(v) = self.max_retry_interval_ms {
+            if !(1..=86_400_000).contains(&v) {
+                return Err(bad(format!(
+                    "max_retry_interval_ms must be 1..=86400000, got {v}"
+                )));
+            }
+            o.max_retry_interval_ms = v;
+        }
+        if let Some(v) = self.max_attempts {
+            if !(1..=10_000).contains(&v) {
+                return Err(bad(format!("max_attempts must be 1..=10000, got {v}")));
+            }
+            o.max_attempts = v;
+        }
+        if let Some(v) = self.timeout_ms {
+            if v == 0 {
+                return Err(bad("timeout_ms must be positive".into()));
+            }
+            o.timeout_ms = Some(v);
+        }
+        for name in self.branch_headers.keys() {
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(bad(format!(
+                    "branch_headers has an invalid header name {name:?}"
+                )));
+            }
+        }
+        o.branch_headers.extend(self.branch_headers);
+        o.concurrent = self.concurrent;
+        o.orders = parse_orders(self.orders, steps).map_err(bad)?;
+        Ok(o)
+    }
+}
+
+/// Saga step dependencies: `{"2": [0, 1]}` means step 2 waits for steps 0 and 1. Indexes
+/// must name steps, and the graph must have no cycle (it would never run).
+pub fn parse_orders(
+    orders: BTreeMap<String, Vec<usize>>,
+    steps: usize,
+) -> Result<BTreeMap<usize, Vec<usize>>, String> {
+    let mut out = BTreeMap::new();
+    for (k, deps) in orders {
+        let step: usize = k
+            .parse()
+            .map_err(|_| format!("orders key {k:?} is not a step index"))?;
+        if step >= steps || deps.iter().any(|&d| d >= steps) {
+            return Err(format!("orders names a step beyond the {steps} steps"));
+        }
+        if deps.contains(&step) {
+            return Err(format!("step {step} cannot wait for itself"));
+        }
+        out.insert(step, deps);
+    }
+    // Depth-first search for a cycle.
+    fn visit(n: usize, g: &BTreeMap<usize, Vec<usize>>, state: &mut [u8]) -> bool {
+        match state[n] {
+            1 => return false,
+            2 => return true,
+            _ => {}
+        }
+        state[n] = 1;
+        for &d in g.get(&n).into_iter().flatten() {
+            if !visit(d, g, state) {
+                return false;
+            }
+        }
+        state[n] = 2;
+        true
+    }
+    let mut state = vec![0u8; steps];
+    for n in 0..steps {
+        if !visit(n, &out, &mut state) {
+            return Err("orders contain a cycle".into());
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepRequest {
+    action: String,
+    compensate: Option<String>,
+    #[serde(default)]
+    payload: Value,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateRequest {
+    gid: Option<String>,
+    kind: String,
+    #[serde(default)]
+    steps: Vec<StepRequest>,
+    #[serde(default)]
+    options: OptionsRequest,
+    query_prepared: Option<String>,
+    #[serde(default)]
+    wait_result: bool,
+}
+
+/// The body sent to a participant: the payload's JSON text; null means an empty body.
+fn payload_text(payload: &Value) -> String {
+    match payload {
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// The part of a request that makes its identity: `wait_result` changes how the answer
+/// is given, not what is asked, so it is left out of the hash.
+fn identity(mut request: Value) -> Value {
+    if let Value::Object(map) = &mut request {
+        map.remove("wait_result");
+    }
+    request
+}
+
+async fn create(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (req, raw): (CreateRequest, Value) = parse_body(body, None)?;
+    let kind: Kind = req.kind.parse().map_err(|_| {
+        ApiError::bad_request(
+            "unknown_kind",
+            format!(
+                "kind must be \"tcc\", \"saga\" or \"msg\" (got {:?})",
+                req.kind
+            ),
+        )
+    })?;
+    let gid = match req.gid {
+        Some(gid) => {
+            check_id("gid", "invalid_gid", &gid)?;
+            gid
+        }
+        None => uuid::Uuid::new_v4().simple().to_string(),
+    };
+    let mut request = identity(raw);
+    if let Value::Object(map) = &mut request {
+        map.insert("gid".into(), Value::String(gid.clone()));
+    }
+    let defaults = &app.engine.config().defaults;
+    let outcome = match kind {
+        Kind::Saga => {
+            if req.steps.is_empty() {
+                return Err(ApiError::bad_request(
+                    "empty_steps",
+                    "a saga needs at least one step",
+                ));
+            }
+            if req.query_prepared.is_some() {
+                return Err(ApiError::bad_request(
+                    "invalid_request",
+                    "query_prepared is for msg transactions",
+                ));
+            }
+            let mut steps = Vec::new();
+            for (i, s) in req.steps.iter().enumerate() {
+                check_url(&format!("steps[{i}].action"), &s.action)?;
+                let compensate = s.compensate.as_deref().ok_or_else(|| {
+                    ApiError::bad_request(
+                        "invalid_request",
+                        format!("steps[{i}].compensate is required for a saga"),
+                    )
+                })?;
+                check_url(&format!("steps[{i}].compensate"), compensate)?;
+                steps.push(SagaStep {
+                    action: s.action.clone(),
+                    compensate: compensate.to_owned(),
+                    payload: payload_text(&s.payload),
+                });
+            }
+            let options = req.options.resolve(defaults, steps.len())?;
+            app.engine
+                .create_saga(NewSaga {
+                    gid: gid.clone(),
+                    steps,
+                    options,
+                    request,
+                })
+                .await?
+        }
+        Kind::Tcc | Kind::Msg => {
+            if kind == Kind::Tcc && !req.steps.is_empty() {
+                return Err(ApiError::bad_request(
+                    "invalid_request",
+                    "a TCC transaction takes branches, not steps",
+                ));
+            }
+            if kind == Kind::Msg && req.steps.is_empty() {
+                return Err(ApiError::bad_request(
+                    "empty_steps",
+                    "a msg needs at least one step",
+                ));
+            }
+            let mut msg_steps = Vec::new();
+            for (i, s) in req.steps.iter().enumerate() {
+                check_url(&format!("steps[{i}].action"), &s.action)?;
+                if s.compensate.is_some() {
+                    return Err(ApiError::bad_request(
+                        "invalid_request",
+                        "msg steps have no compensate",
+                    ));
+                }
+                msg_steps.push((s.action.clone(), payload_text(&s.payload)));
+            }
+            if let Some(url) = &req.query_prepared {
+                check_url("query_prepared", url)?;
+            }
+            let options = req.options.resolve(defaults, req.steps.len())?;
+            app.engine
+                .create_prepared(NewPrepared {
+                    gid: gid.clone(),
+                    kind,
+                    options,
+                    msg_steps,
+                    query_prepared: req.query_prepared,
+                    request,
+                })
+                .await?
+        }
+    };
+    let stored = if req.wait_result && kind == Kind::Saga {
+        app.engine.wait_settled(&gid, app.wait_timeout).await?
+    } else {
+        outcome.stored
+    };
+    let status = if outcome.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(TxView::new(&stored, None))).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterRequest {
+    branch_id: String,
+    confirm: String,
+    cancel: String,
+    #[serde(rename = "try")]
+    try_url: Option<String>,
+    #[serde(default)]
+    payload: Value,
+}
+
+async fn register(
+    State(app): State<Arc<AppState>>,
+    Path(gid): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_id("gid", "invalid_gid", &gid)?;
+    let (req, _): (RegisterRequest, Value) = parse_body(body, None)?;
+    check_id("branch_id", "invalid_branch_id", &req.branch_id)?;
+    check_url("confirm", &req.confirm)?;
+    check_url("cancel", &req.cancel)?;
+    if let Some(url) = &req.try_url {
+        check_url("try", url)?;
+    }
+    let now = app.engine.now();
+    let payload = payload_text(&req.payload);
+    // TCC branches have no order among them: Confirms (or Cancels) all go out together.
+    let seq = 0;
+    let mut branches = vec![
+        Branch::new(
+            &req.branch_id,
+            Action::Confirm,
+            seq,
+            &req.confirm,
+            &payload,
+            now,
+        ),
+        Branch::new(
+            &req.branch_id,
+            Action::Cancel,
+            seq,
+            &req.cancel,
+            &payload,
+            now,
+        ),
+    ];
+    if let Some(url) = &req.try_url {
+        branches.push(Branch::new(
+            &req.branch_id,
+            Action::Try,
+            seq,
+            url,
+            &payload,
+            now,
+        ));
+    }
+    app.engine.register(&gid, branches).await?;
+    let Some(_) = req.try_url else {
+        return Ok((
+            StatusCode::OK,
+            Json(serde_json::json!({"gid": gid, "branch_id": req.branch_id})),
+        )
+            .into_response());
+    };
+    let (outcome, _) = app.engine.call_try(&gid, &req.branch_id).await?;
+    let (status, code) = match &outcome {
+        CallOutcome::Success => (StatusCode::OK, None),
+        CallOutcome::Failure(_) => (StatusCode::CONFLICT, Some("try_failed")),
+        CallOutcome::InProgress(_) => (StatusCode::TOO_EARLY, Some("try_in_progress")),
+        CallOutcome::Unknown(_) => (StatusCode::BAD_GATEWAY, Some("try_unknown")),
+    };
+    let body = serde_json::json!({
+        "gid": gid,
+        "branch_id": req.branch_id,
+        "try": {"outcome": outcome.label(), "detail": outcome.detail()},
+        "error": code.map(|c| serde_json::json!({"code": c, "message": outcome.detail()})),
+    });
+    Ok((status, Json(body)).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionRequest {
+    #[serde(default)]
+    wait_result: bool,
+    reason: Option<String>,
+}
+
+async fn submit(
+    State(app): State<Arc<AppState>>,
+    Path(gid): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<TxView>, ApiError> {
+    check_id("gid", "invalid_gid", &gid)?;
+    let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
+    let stored = app.engine.submit(&gid).await?;
+    finish(&app, stored, req.wait_result).await
+}
+
+async fn abort(
+    State(app): State<Arc<AppState>>,
+    Path(gid): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<TxView>, ApiError> {
+    check_id("gid", "invalid_gid", &gid)?;
+    let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
+    let reason = req.reason.unwrap_or_else(|| "aborted by the client".into());
+    let stored = app.engine.abort(&gid, &reason).await?;
+    finish(&app, stored, req.wait_result).await
+}
+
+async fn retry(
+    State(app): State<Arc<AppState>>,
+    Path(gid): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<TxView>, ApiError> {
+    check_id("gid", "invalid_gid", &gid)?;
+    let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
+    let stored = app.engine.retry(&gid).await?;
+    finish(&app, stored, req.wait_result).await
+}
+
+async fn force_stop(
+    State(app): State<Arc<AppState>>,
+    Path(gid): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<TxView>, ApiError> {
+    check_id("gid", "invalid_gid", &gid)?;
+    let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
+    let reason = req
+        .reason
+        .unwrap_or_else(|| "force-stopped by an operator".into());
+    let stored = app.engine.force_stop(&gid, &reason).await?;
+    Ok(Json(TxView::new(&stored, None)))
+}
+
+async fn finish(app: &AppState, stored: StoredTx, wait: bool) -> Result<Json<TxView>, ApiError> {
+    let stored = if wait {
+        app.engine
+            .wait_settled(&stored.tx.gid, app.wait_timeout)
+            .await?
+    } else {
+        stored
+    };
+    Ok(Json(TxView::new(&stored, None)))
+}
+
+async fn show(
+    State(app): State<Arc<AppState>>,
+    Path(gid): Path<String>,
+) -> Result<Json<TxView>, ApiError> {
+    check_id("gid", "invalid_gid", &gid)?;
+    let stored = app.engine.load(&gid).await?;
+    let history = app
+        .engine
+        .store()
+        .attempts(&gid)
+        .await
+        .map_err(crate::engine::EngineError::from)?;
+    Ok(Json(TxView::new(&stored, Some(history))))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    status: Option<String>,
+    kind: Option<String>,
+    created_from: Option<Millis>,
+    created_to: Option<Millis>,
+    cursor: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn list(
+    State(app): State<Arc<AppState>>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let status = q
+        .status
+        .map(|s| s.parse::<Status>())
+        .transpose()
+        .map_err(|e| ApiError::bad_request("invalid_query", e.to_string()))?;
+    let kind = q
+        .kind
+        .map(|s| s.parse::<Kind>())
+        .transpose()
+        .map_err(|e| ApiError::bad_request("invalid_query", e.to_string()))?;
+    let after = q.cursor.map(|c| decode_cursor(&c)).transpose()?;
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=1_000).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            "limit must be 1..=1000",
+        ));
+    }
+    let filter = ListFilter {
+        status,
+        kind,
+        created_from: q.created_from,
+        created_to: q.created_to,
+        after,
+        limit,
+    };
+    let page = app
+        .engine
+        .store()
+        .list(&filter)
+        .await
+        .map_err(crate::engine::EngineError::from)?;
+    let items: Vec<TxView> = page.items.iter().map(|s| TxView::new(s, None)).collect();
+    Ok(Json(serde_json::json!({
+        "transactions": items,
+        "next_cursor": page.next.map(|(at, gid)| format!("{at}:{gid}")),
+    })))
+}
+
+fn decode_cursor(cursor: &str) -> Result<(Millis, String), ApiError> {
+    let bad = || {
+        ApiError::bad_request(
+            "invalid_query",
+            format!("cursor {cursor:?} is not one this server gave"),
+        )
+    };
+    let (at, gid) = cursor.split_once(':').ok_or_else(bad)?;
+    Ok((at.parse().map_err(|_| bad())?, gid.to_owned()))
+}
+
+// ---- views -----------------------------------------------------------------------------
+
+/// A transaction as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct TxView {
+    pub gid: String,
+    pub kind: Kind,
+    pub status: Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled_from: Option<Status>,
+    pub reason: Option<String>,
+    pub last_error: Option<String>,
+    /// Failed branch calls so far.
+    pub attempts: i32,
+    pub timeout_at: Option<Millis>,
+    pub next_attempt_at: Option<Millis>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    pub finished_at: Option<Millis>,
+    pub options: TxOptions,
+    pub branches: Vec<BranchView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<Vec<AttemptRecord>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BranchView {
+    pub branch_id: String,
+    pub action: Action,
+    pub url: String,
+    pub payload: String,
+    pub status: BranchStatus,
+    pub attempts: i32,
+    pub next_attempt_at: Option<Millis>,
+    pub last_error: Option<String>,
+    pub updated_at: Millis,
+    pub finished_at: Option<Millis>,
+}
+
+impl TxView {
+    pub fn new(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView {
+        let tx: &Transaction = &stored.tx;
+        TxView {
+            gid: tx.gid.clone(),
+            kind: tx.kind,
+            status: tx.status,
+            stalled_from: tx.stalled_from,
+            reason: tx.reason.clone(),
+            last_error: tx.last_error.clone(),
+            attempts: tx.attempts,
+            timeout_at: tx.timeout_at,
+            next_attempt_at: tx.next_attempt_at,
+            created_at: tx.created_at,
+            updated_at: tx.updated_at,
+            finished_at: tx.finished_at,
+            options: tx.options.clone(),
+            branches: tx
+                .branches
+                .iter()
+                .map(|b| BranchView {
+                    branch_id: b.branch_id.clone(),
+                    action: b.action,
+                    url: b.url.clone(),
+                    payload: b.payload.clone(),
+                    status: b.status,
+                    attempts: b.attempts,
+                    next_attempt_at: b.next_attempt_at,
+                    last_error: b.last_error.clone(),
+                    updated_at: b.updated_at,
+                    finished_at: b.finished_at,
+                })
+                .collect(),
+            history,
+        }
+    }
+}
+
+/// How long `wait_result` waits by default.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(check_id("gid", "invalid_gid", "order-1001:a.b_c").is_ok());
+        assert!(check_id("gid", "invalid_gid", "").is_err());
+        assert!(check_id("gid", "invalid_gid", "a b").is_err());
+        assert!(check_id("gid", "invalid_gid", "é").is_err());
+        assert!(check_id("gid", "invalid_gid", &"a".repeat(129)).is_err());
+        assert!(check_id("gid", "invalid_gid", &"a".repeat(128)).is_ok());
+    }
+
+    #[test]
+    fn urls_are_checked() {
+        assert!(check_url("u", "http://127.0.0.1:8080/x?y=1").is_ok());
+        assert!(check_url("u", "https://h/x").is_ok());
+        assert!(check_url("u", "ftp://h/x").is_err());
+        assert!(check_url("u", "/relative").is_err());
+        assert!(check_url("u", "http://").is_err());
+    }
+
+    #[test]
+    fn orders_must_name_steps_and_have_no_cycle() {
+        let o = |pairs: &[(&str, Vec<usize>)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert!(parse_orders(o(&[("2", vec![0, 1])]), 3).is_ok());
+        assert!(parse_orders(o(&[("3", vec![0])]), 3).is_err());
+        assert!(parse_orders(o(&[("x", vec![0])]), 3).is_err());
+        assert!(parse_orders(o(&[("1", vec![1])]), 3).is_err());
+        assert!(parse_orders(o(&[("0", vec![1]), ("1", vec![0])]), 2).is_err());
+    }
+
+    #[test]
+    fn wait_result_is_not_part_of_the_identity() {
+        let a = identity(serde_json::json!({"gid": "g", "wait_result": true}));
+        let b = identity(serde_json::json!({"gid": "g"}));
+        assert_eq!(a, b);
+    }
+}

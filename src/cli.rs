@@ -1,0 +1,305 @@
+//! The `idem` command line.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::api::native::TxView;
+use crate::core::{Kind, Status};
+use crate::engine::{Engine, EngineConfig, SystemClock};
+use crate::server::{self, ServerConfig};
+use crate::store::{ConnectOptions, ListFilter};
+use crate::transport::HttpTransport;
+
+/// The SQLite file used when no database is named: in the working directory.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db?mode=rwc";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "A TCC/Saga branch-transaction coordinator"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DatabaseArgs {
+    /// sqlite:PATH, postgres://... or mysql://... (MariaDB too).
+    #[arg(long, env = "IDEM_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the coordinator (migrates the database first).
+    Serve(ServeArgs),
+    /// Apply the database migrations and exit.
+    Migrate(DatabaseArgs),
+    /// Inspect and operate on transactions.
+    #[command(subcommand)]
+    Tx(TxCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// Address and port of the HTTP API.
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8686")]
+    pub listen: SocketAddr,
+    /// Name of this coordinator in owner tokens and logs (default: host name and port).
+    #[arg(long, env = "IDEM_NODE")]
+    pub node: Option<String>,
+    /// Lease of a transaction being driven, in ms: how soon another coordinator takes
+    /// over after this one dies.
+    #[arg(long, default_value_t = 15_000)]
+    pub lease_ms: i64,
+    /// How often to look for transactions nobody drives, in ms.
+    #[arg(long, default_value_t = 1_000)]
+    pub recovery_interval_ms: u64,
+    /// Default timeout of one call to a participant, in ms.
+    #[arg(long, default_value_t = 5_000)]
+    pub request_timeout_ms: u64,
+    /// Default first retry delay, in ms (doubled per attempt).
+    #[arg(long, default_value_t = 1_000)]
+    pub retry_interval_ms: u64,
+    /// Default cap on the retry delay, in ms.
+    #[arg(long, default_value_t = 60_000)]
+    pub max_retry_interval_ms: u64,
+    /// Default attempts per branch operation before it stalls (or a saga compensates).
+    #[arg(long, default_value_t = 12)]
+    pub max_attempts: u32,
+    /// Default global timeout of a prepared TCC or msg transaction, in ms.
+    #[arg(long, default_value_t = 60_000)]
+    pub prepared_timeout_ms: u64,
+    /// Database connections.
+    #[arg(long, default_value_t = 16)]
+    pub max_connections: u32,
+    /// SQLite: fsync at every commit (off: a machine crash may lose the last commits;
+    /// a crash of idem alone loses nothing).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub sqlite_full_sync: bool,
+    /// How long a wait_result request waits at most, in ms.
+    #[arg(long, default_value_t = 30_000)]
+    pub wait_timeout_ms: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TxCommand {
+    /// List transactions, newest first.
+    List {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[arg(long)]
+        status: Option<Status>,
+        #[arg(long)]
+        kind: Option<Kind>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one transaction with its branches and retry history, as JSON.
+    Show {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        gid: String,
+    },
+    /// Resume a stalled transaction (or make a backing-off one due now). A running
+    /// `idem serve` on the same database picks it up.
+    Retry {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        gid: String,
+    },
+    /// Mark a transaction failed and call nothing more for it.
+    ForceStop {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        gid: String,
+        #[arg(long, default_value = "force-stopped by an operator")]
+        reason: String,
+    },
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub async fn run(cli: Cli) -> Result<(), BoxError> {
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Migrate(db) => {
+            server::open_store(&db.database_url, &ConnectOptions::default()).await?;
+            println!("migrated {}", redact(&db.database_url));
+            Ok(())
+        }
+        Command::Tx(cmd) => tx(cmd).await,
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), BoxError> {
+    let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
+    config.engine.node = args.node.unwrap_or_else(|| default_node(args.listen));
+    config.engine.lease_ms = args.lease_ms.max(1_000);
+    config.engine.recovery_interval = Duration::from_millis(args.recovery_interval_ms.max(10));
+    config.engine.defaults.request_timeout_ms = args.request_timeout_ms;
+    config.engine.defaults.retry_interval_ms = args.retry_interval_ms;
+    config.engine.defaults.max_retry_interval_ms = args.max_retry_interval_ms;
+    config.engine.defaults.max_attempts = args.max_attempts.max(1);
+    config.engine.prepared_timeout_ms = args.prepared_timeout_ms;
+    config.connect.max_connections = args.max_connections.max(1);
+    config.connect.sqlite_full_sync = args.sqlite_full_sync;
+    config.wait_timeout = Duration::from_millis(args.wait_timeout_ms);
+    let running = server::start(config).await?;
+    println!(
+        "idem listening on {} ({})",
+        running.url(),
+        redact(&args.db.database_url)
+    );
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    running.stop().await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("can listen for SIGTERM");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn default_node(listen: SocketAddr) -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "idem".into());
+    format!("{host}-{}", listen.port())
+}
+
+/// Hides a password in a database URL before printing it.
+fn redact(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// An engine for operator commands: it changes rows but never drives them.
+async fn admin_engine(db: &DatabaseArgs) -> Result<Arc<Engine>, BoxError> {
+    let store = server::open_store(&db.database_url, &ConnectOptions::default()).await?;
+    let config = EngineConfig {
+        drive: false,
+        ..EngineConfig::default()
+    };
+    Ok(Engine::new(
+        store,
+        Arc::new(HttpTransport::new()?),
+        Arc::new(SystemClock),
+        config,
+    ))
+}
+
+async fn tx(cmd: TxCommand) -> Result<(), BoxError> {
+    match cmd {
+        TxCommand::List {
+            db,
+            status,
+            kind,
+            limit,
+            json,
+        } => {
+            let engine = admin_engine(&db).await?;
+            let filter = ListFilter {
+                status,
+                kind,
+                limit,
+                ..ListFilter::default()
+            };
+            let page = engine.store().list(&filter).await?;
+            if json {
+                let views: Vec<TxView> = page.items.iter().map(|s| TxView::new(s, None)).collect();
+                println!("{}", serde_json::to_string_pretty(&views)?);
+                return Ok(());
+            }
+            println!(
+                "{:<40} {:<5} {:<11} {:>8}  {:<24} LAST ERROR",
+                "GID", "KIND", "STATUS", "ATTEMPTS", "CREATED (UTC ms)"
+            );
+            for s in &page.items {
+                let tx = &s.tx;
+                println!(
+                    "{:<40} {:<5} {:<11} {:>8}  {:<24} {}",
+                    tx.gid,
+                    tx.kind,
+                    tx.status,
+                    tx.attempts,
+                    tx.created_at,
+                    tx.last_error.as_deref().unwrap_or("")
+                );
+            }
+            Ok(())
+        }
+        TxCommand::Show { db, gid } => {
+            let engine = admin_engine(&db).await?;
+            let stored = engine.load(&gid).await?;
+            let history = engine.store().attempts(&gid).await?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&TxView::new(&stored, Some(history)))?
+            );
+            Ok(())
+        }
+        TxCommand::Retry { db, gid } => {
+            let engine = admin_engine(&db).await?;
+            let stored = engine.retry(&gid).await?;
+            println!(
+                "{gid}: {} (a running idem serve will continue it)",
+                stored.tx.status
+            );
+            Ok(())
+        }
+        TxCommand::ForceStop { db, gid, reason } => {
+            let engine = admin_engine(&db).await?;
+            let stored = engine.force_stop(&gid, &reason).await?;
+            println!("{gid}: {}", stored.tx.status);
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("sqlite://idem.db"), "sqlite://idem.db");
+    }
+
+    #[test]
+    fn cli_parses() {
+        Cli::parse_from(["idem", "serve", "--listen", "0.0.0.0:9000"]);
+        Cli::parse_from(["idem", "tx", "list", "--status", "stalled"]);
+        Cli::parse_from(["idem", "tx", "force-stop", "g1", "--reason", "x"]);
+    }
+}

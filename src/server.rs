@@ -1,0 +1,113 @@
+//! Running a coordinator: store, engine, recovery loop and HTTP API together.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, AppState};
+use crate::engine::{Engine, EngineConfig, SystemClock};
+use crate::store::{self, ConnectOptions, Store};
+use crate::transport::{HttpTransport, Transport};
+
+/// Everything `idem serve` needs.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub database_url: String,
+    pub listen: SocketAddr,
+    pub engine: EngineConfig,
+    pub connect: ConnectOptions,
+    pub wait_timeout: Duration,
+}
+
+impl ServerConfig {
+    pub fn new(database_url: impl Into<String>, listen: SocketAddr) -> ServerConfig {
+        ServerConfig {
+            database_url: database_url.into(),
+            listen,
+            engine: EngineConfig::default(),
+            connect: ConnectOptions::default(),
+            wait_timeout: api::native::DEFAULT_WAIT,
+        }
+    }
+}
+
+/// A coordinator running in this process.
+pub struct RunningServer {
+    pub addr: SocketAddr,
+    pub engine: Arc<Engine>,
+    shutdown: tokio::sync::oneshot::Sender<()>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningServer {
+    /// The base URL of the HTTP API, e.g. `http://127.0.0.1:8686`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting requests, hands driven transactions back and waits for the server.
+    pub async fn stop(self) -> std::io::Result<()> {
+        let _ = self.shutdown.send(());
+        self.engine.shutdown().await;
+        self.task.await.unwrap_or(Ok(()))
+    }
+}
+
+/// Opens and migrates the store.
+pub async fn open_store(
+    url: &str,
+    options: &ConnectOptions,
+) -> Result<Arc<dyn Store>, store::StoreError> {
+    let store = store::connect(url, options).await?;
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// Starts a coordinator with the real HTTP transport.
+pub async fn start(
+    config: ServerConfig,
+) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
+    let transport: Arc<dyn Transport> = Arc::new(HttpTransport::new()?);
+    start_with(config, transport).await
+}
+
+/// Starts a coordinator with the given transport (fault injection wraps the real one).
+pub async fn start_with(
+    config: ServerConfig,
+    transport: Arc<dyn Transport>,
+) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
+    crate::transport::install_crypto_provider();
+    let store = open_store(&config.database_url, &config.connect).await?;
+    let engine = Engine::new(
+        store,
+        transport,
+        Arc::new(SystemClock),
+        config.engine.clone(),
+    );
+    let listener = TcpListener::bind(config.listen).await?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(AppState {
+        engine: Arc::clone(&engine),
+        wait_timeout: config.wait_timeout,
+    });
+    let app = api::router(state);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(Arc::clone(&engine).run_recovery());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.await;
+            })
+            .await
+    });
+    tracing::info!(%addr, database = engine.store().backend(), node = engine.config().node, "idem is serving");
+    Ok(RunningServer {
+        addr,
+        engine,
+        shutdown: tx,
+        task,
+    })
+}
