@@ -36,3 +36,83 @@ pub async fn cleanup(dbs: Vec<(TestDatabase, Arc<dyn Store>)>) {
         db.drop_database().await;
     }
 }
+
+pub mod recorder;
+
+use std::time::Duration;
+
+use idem::server::{RunningServer, ServerConfig};
+use serde_json::Value;
+
+/// A coordinator in this process with short timings, so tests of retries and timeouts
+/// take milliseconds.
+pub async fn coordinator(url: &str) -> RunningServer {
+    let mut config = ServerConfig::new(url, "127.0.0.1:0".parse().unwrap());
+    config.engine.recovery_interval = Duration::from_millis(50);
+    config.engine.lease_ms = 3_000;
+    config.engine.defaults.retry_interval_ms = 20;
+    config.engine.defaults.max_retry_interval_ms = 100;
+    config.engine.defaults.max_attempts = 5;
+    config.engine.defaults.request_timeout_ms = 2_000;
+    config.connect.max_connections = 8;
+    config.connect.sqlite_full_sync = false;
+    config.wait_timeout = Duration::from_secs(20);
+    idem::server::start(config).await.expect("coordinator starts")
+}
+
+/// A JSON client for the coordinator's API.
+#[derive(Clone)]
+pub struct Api {
+    pub base: String,
+    client: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(base: impl Into<String>) -> Api {
+        idem::transport::install_crypto_provider();
+        Api {
+            base: base.into(),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self.client.post(format!("{}{path}", self.base)).json(&body).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn post_raw(&self, path: &str, body: &'static str) -> (u16, Value) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self.client.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Polls `GET /api/v1/transactions/{gid}` until its status is one of `statuses`.
+    pub async fn wait_status(&self, gid: &str, statuses: &[&str], timeout: Duration) -> Value {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let (code, tx) = self.get(&format!("/api/v1/transactions/{gid}")).await;
+            if code == 200 && statuses.contains(&tx["status"].as_str().unwrap_or("")) {
+                return tx;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("{gid} did not reach {statuses:?} in {timeout:?}: {tx:#}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

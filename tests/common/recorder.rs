@@ -1,0 +1,148 @@
+//! A scriptable participant: a real HTTP server that records every call it gets and
+//! answers by rules (status code, delay) matched on path and gid.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, Uri};
+use axum::Router;
+use serde::Deserialize;
+use tokio::sync::Notify;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    pub path: String,
+    pub gid: String,
+    pub trans_type: String,
+    pub branch_id: String,
+    pub op: String,
+    pub body: String,
+}
+
+#[derive(Clone, Debug)]
+struct Rule {
+    path: String,
+    gid: Option<String>,
+    remaining: usize,
+    status: u16,
+    delay: Duration,
+}
+
+#[derive(Default)]
+struct Inner {
+    calls: Mutex<Vec<Call>>,
+    rules: Mutex<Vec<Rule>>,
+    changed: Notify,
+}
+
+#[derive(Clone)]
+pub struct Recorder {
+    pub base: String,
+    inner: Arc<Inner>,
+}
+
+#[derive(Deserialize)]
+struct Params {
+    #[serde(default)]
+    gid: String,
+    #[serde(default)]
+    trans_type: String,
+    #[serde(default)]
+    branch_id: String,
+    #[serde(default)]
+    op: String,
+}
+
+async fn handle(State(inner): State<Arc<Inner>>, uri: Uri, Query(p): Query<Params>, body: Bytes) -> (StatusCode, String) {
+    let path = uri.path().to_owned();
+    let rule = {
+        let mut rules = inner.rules.lock().unwrap();
+        let found = rules.iter_mut().find(|r| {
+            r.remaining > 0 && r.path == path && r.gid.as_ref().is_none_or(|g| *g == p.gid)
+        });
+        found.map(|r| {
+            r.remaining -= 1;
+            r.clone()
+        })
+    };
+    let (status, delay) = rule.map_or((200, Duration::ZERO), |r| (r.status, r.delay));
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    inner.calls.lock().unwrap().push(Call {
+        path,
+        gid: p.gid,
+        trans_type: p.trans_type,
+        branch_id: p.branch_id,
+        op: p.op,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    });
+    inner.changed.notify_waiters();
+    let status = StatusCode::from_u16(status).unwrap();
+    (status, format!("{{\"status\":{}}}", status.as_u16()))
+}
+
+impl Recorder {
+    pub async fn start() -> Recorder {
+        let inner = Arc::new(Inner::default());
+        let app = Router::new().fallback(handle).with_state(Arc::clone(&inner));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Recorder {
+            base: format!("http://{addr}"),
+            inner,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// The next `times` calls to `path` (for `gid`, if given) answer `status`.
+    pub fn answer(&self, path: &str, gid: Option<&str>, times: usize, status: u16) {
+        self.rule(path, gid, times, status, Duration::ZERO);
+    }
+
+    /// The next `times` calls to `path` wait `delay` before answering 200.
+    pub fn delay(&self, path: &str, gid: Option<&str>, times: usize, delay: Duration) {
+        self.rule(path, gid, times, 200, delay);
+    }
+
+    fn rule(&self, path: &str, gid: Option<&str>, times: usize, status: u16, delay: Duration) {
+        self.inner.rules.lock().unwrap().push(Rule {
+            path: path.into(),
+            gid: gid.map(Into::into),
+            remaining: times,
+            status,
+            delay,
+        });
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.inner.calls.lock().unwrap().clone()
+    }
+
+    /// `path` of every call for `gid`, in arrival order.
+    pub fn paths(&self, gid: &str) -> Vec<String> {
+        self.calls().into_iter().filter(|c| c.gid == gid).map(|c| c.path).collect()
+    }
+
+    /// Waits until `done(calls)` holds, or panics after `timeout`.
+    pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&[Call]) -> bool) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if done(&self.calls()) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                panic!("condition not reached in {timeout:?}; calls: {:#?}", self.calls());
+            }
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The coordinator end to end: real HTTP between idem and participants, on SQLite,
+//! PostgreSQL and MariaDB.
+
+mod common;
+
+use std::time::Duration;
+
+use common::recorder::Recorder;
+use common::Api;
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn each_backend<F, Fut>(test: &str, body: F)
+where
+    F: Fn(Api, Recorder, &'static str) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for db in idem_participant::testing::all(test).await {
+        let server = common::coordinator(&db.url).await;
+        let participant = Recorder::start().await;
+        let backend: &'static str = db.backend.name();
+        body(Api::new(server.url()), participant, backend).await;
+        server.stop().await.unwrap();
+        db.drop_database().await;
+    }
+}
+
+fn tcc_branch(p: &Recorder, id: &str) -> Value {
+    json!({
+        "branch_id": id,
+        "confirm": p.url(&format!("/{id}/confirm")),
+        "cancel": p.url(&format!("/{id}/cancel")),
+        "payload": {"branch": id},
+    })
+}
+
+fn saga_steps(p: &Recorder, n: usize) -> Value {
+    Value::Array(
+        (1..=n)
+            .map(|i| {
+                json!({
+                    "action": p.url(&format!("/s{i}/action")),
+                    "compensate": p.url(&format!("/s{i}/compensate")),
+                    "payload": {"step": i},
+                })
+            })
+            .collect(),
+    )
+}
+
+#[tokio::test]
+async fn tcc_commit_confirms_every_branch() {
+    each_backend("tcc_commit_confirms_every_branch", |api, p, b| async move {
+        let (code, tx) = api.post("/api/v1/transactions", json!({"gid": "tcc-ok", "kind": "tcc"})).await;
+        assert_eq!(code, 201, "{b}: {tx}");
+        assert_eq!(tx["status"], "prepared");
+        for id in ["inventory", "payment"] {
+            let (code, body) = api.post("/api/v1/transactions/tcc-ok/branches", tcc_branch(&p, id)).await;
+            assert_eq!(code, 200, "{b}: {body}");
+        }
+        let (code, tx) = api.post("/api/v1/transactions/tcc-ok/submit", json!({"wait_result": true})).await;
+        assert_eq!(code, 200, "{b}: {tx}");
+        assert_eq!(tx["status"], "succeeded", "{b}: {tx:#}");
+        let mut paths = p.paths("tcc-ok");
+        paths.sort();
+        assert_eq!(paths, ["/inventory/confirm", "/payment/confirm"], "{b}");
+        let call = &p.calls()[0];
+        assert_eq!(call.trans_type, "tcc");
+        assert_eq!(call.op, "confirm");
+        assert_eq!(serde_json::from_str::<Value>(&call.body).unwrap()["branch"], call.branch_id.as_str());
+        // A repeated submit returns the outcome of the first.
+        let (code, again) = api.post("/api/v1/transactions/tcc-ok/submit", json!({})).await;
+        assert_eq!((code, again["status"].as_str()), (200, Some("succeeded")));
+        assert_eq!(p.paths("tcc-ok").len(), 2, "{b}: nothing called twice");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tcc_abort_cancels_every_branch() {
+    each_backend("tcc_abort_cancels_every_branch", |api, p, b| async move {
+        api.post("/api/v1/transactions", json!({"gid": "tcc-abort", "kind": "tcc"})).await;
+        for id in ["a", "b", "c"] {
+            api.post("/api/v1/transactions/tcc-abort/branches", tcc_branch(&p, id)).await;
+        }
+        let (code, tx) = api
+            .post("/api/v1/transactions/tcc-abort/abort", json!({"wait_result": true, "reason": "Try of b failed"}))
+            .await;
+        assert_eq!(code, 200, "{b}: {tx}");
+        assert_eq!(tx["status"], "failed");
+        assert_eq!(tx["reason"], "Try of b failed");
+        let mut paths = p.paths("tcc-abort");
+        paths.sort();
+        assert_eq!(paths, ["/a/cancel", "/b/cancel", "/c/cancel"], "{b}");
+        // Submit after abort is refused and changes nothing.
+        let (code, err) = api.post("/api/v1/transactions/tcc-abort/submit", json!({})).await;
+        assert_eq!((code, err["error"]["code"].as_str()), (409, Some("invalid_state")), "{b}");
+        // Registration after the decision is refused.
+        let (code, err) = api.post("/api/v1/transactions/tcc-abort/branches", tcc_branch(&p, "d")).await;
+        assert_eq!((code, err["error"]["code"].as_str()), (409, Some("not_prepared")), "{b}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tcc_global_timeout_cancels_everywhere() {
+    each_backend("tcc_global_timeout_cancels_everywhere", |api, p, b| async move {
+        let (code, _) = api
+            .post("/api/v1/transactions", json!({"gid": "tcc-timeout", "kind": "tcc", "options": {"timeout_ms": 200}}))
+            .await;
+        assert_eq!(code, 201);
+        for id in ["a", "b"] {
+            api.post("/api/v1/transactions/tcc-timeout/branches", tcc_branch(&p, id)).await;
+        }
+        // Nobody submits: the recovery loop aborts it when the deadline passes.
+        p.wait_until(WAIT, |calls| calls.iter().filter(|c| c.gid == "tcc-timeout").count() == 2).await;
+        let tx = api.wait_status("tcc-timeout", &["failed"], WAIT).await;
+        assert!(tx["reason"].as_str().unwrap().contains("timeout"), "{b}: {tx}");
+        let mut paths = p.paths("tcc-timeout");
+        paths.sort();
+        assert_eq!(paths, ["/a/cancel", "/b/cancel"], "{b}");
+        let (code, err) = api.post("/api/v1/transactions/tcc-timeout/submit", json!({})).await;
+        assert_eq!(code, 409, "{b}: {err}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tcc_try_can_be_called_by_idem() {
+    each_backend("tcc_try_can_be_called_by_idem", |api, p, b| async move {
+        api.post("/api/v1/transactions", json!({"gid": "tcc-try", "kind": "tcc"})).await;
+        let mut ok = tcc_branch(&p, "a");
+        ok["try"] = json!(p.url("/a/try"));
+        let (code, body) = api.post("/api/v1/transactions/tcc-try/branches", ok).await;
+        assert_eq!(code, 200, "{b}: {body}");
+        assert_eq!(body["try"]["outcome"], "success");
+        p.answer("/b/try", None, 1, 409);
+        let mut refused = tcc_branch(&p, "b");
+        refused["try"] = json!(p.url("/b/try"));
+        let (code, body) = api.post("/api/v1/transactions/tcc-try/branches", refused).await;
+        assert_eq!(code, 409, "{b}: {body}");
+        assert_eq!(body["error"]["code"], "try_failed");
+        let (_, tx) = api.get("/api/v1/transactions/tcc-try").await;
+        let try_b = tx["branches"].as_array().unwrap().iter().find(|x| x["branch_id"] == "b" && x["action"] == "try").unwrap();
+        assert_eq!(try_b["status"], "failed", "{b}: {tx:#}");
+        let (_, tx) = api.post("/api/v1/transactions/tcc-try/abort", json!({"wait_result": true})).await;
+        assert_eq!(tx["status"], "failed");
+        assert_eq!(p.paths("tcc-try").iter().filter(|x| x.ends_with("/cancel")).count(), 2, "{b}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn saga_success_runs_steps_in_order() {
+    each_backend("saga_success_runs_steps_in_order", |api, p, b| async move {
+        let (code, tx) = api
+            .post("/api/v1/transactions", json!({"gid": "saga-ok", "kind": "saga", "steps": saga_steps(&p, 3), "wait_result": true}))
+            .await;
+        assert_eq!(code, 201, "{b}: {tx}");
+        assert_eq!(tx["status"], "succeeded", "{b}: {tx:#}");
+        assert_eq!(p.paths("saga-ok"), ["/s1/action", "/s2/action", "/s3/action"], "{b}");
+        let calls = p.calls();
+        assert_eq!(calls[0].branch_id, "01");
+        assert_eq!(calls[2].branch_id, "03");
+        assert_eq!(calls[0].trans_type, "saga");
+        assert_eq!(calls[0].op, "action");
+        assert_eq!(calls[1].body, r#"{"step":2}"#);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn saga_failure_compensates_in_reverse_including_the_failed_step() {
+    each_backend("saga_failure_compensates_in_reverse", |api, p, b| async move {
+        p.answer("/s3/action", None, 1, 409);
+        let (code, tx) = api
+            .post("/api/v1/transactions", json!({"gid": "saga-fail", "kind": "saga", "steps": saga_steps(&p, 4), "wait_result": true}))
+            .await;
+        assert_eq!(code, 201, "{b}: {tx}");
+        assert_eq!(tx["status"], "failed", "{b}: {tx:#}");
+        assert!(tx["reason"].as_str().unwrap().contains("03/action failed"), "{b}: {tx}");
+        assert_eq!(
+            p.paths("saga-fail"),
+            ["/s1/action", "/s2/action", "/s3/action", "/s3/compensate", "/s2/compensate", "/s1/compensate"],
+            "{b}"
+        );
+        let compensate4 = tx["branches"].as_array().unwrap().iter().find(|x| x["branch_id"] == "04" && x["action"] == "compensate").unwrap();
+        assert_eq!(compensate4["status"], "skipped");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn failed_calls_are_retried_until_success_and_counted() {
+    each_backend("failed_calls_are_retried_until_success", |api, p, b| async move {
+        // Two 500s, then a call that takes longer than its timeout, then success.
+        p.answer("/s1/action", None, 2, 500);
+        p.delay("/s1/action", None, 1, Duration::from_millis(600));
+        let (code, tx) = api
+            .post(
+                "/api/v1/transactions",
+                json!({"gid": "retry", "kind": "saga", "steps": saga_steps(&p, 1), "wait_result": true,
+                       "options": {"request_timeout_ms": 300}}),
+            )
+            .await;
+        assert_eq!(code, 201, "{b}: {tx}");
+        assert_eq!(tx["status"], "succeeded", "{b}: {tx:#}");
+        let action = tx["branches"].as_array().unwrap().iter().find(|x| x["action"] == "action").unwrap();
+        assert_eq!(action["attempts"], 4, "{b}: {tx:#}");
+        assert_eq!(tx["attempts"], 3, "{b}: three failed attempts");
+        let (_, shown) = api.get("/api/v1/transactions/retry").await;
+        let history = shown["history"].as_array().unwrap();
+        let outcomes: Vec<(&str, i64)> = history.iter().map(|h| (h["outcome"].as_str().unwrap(), h["attempt"].as_i64().unwrap())).collect();
+        assert_eq!(outcomes, [("unknown", 1), ("unknown", 2), ("unknown", 3)], "{b}: {history:#?}");
+        assert!(history[0]["detail"].as_str().unwrap().contains("HTTP 500"));
+        assert!(history[2]["detail"].as_str().unwrap().contains("timed out"), "{b}: {history:#?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn exhausted_confirm_stalls_then_retry_completes() {
+    each_backend("exhausted_confirm_stalls_then_retry_completes", |api, p, b| async move {
+        api.post("/api/v1/transactions", json!({"gid": "stall", "kind": "tcc", "options": {"max_attempts": 3}})).await;
+        api.post("/api/v1/transactions/stall/branches", tcc_branch(&p, "a")).await;
+        p.answer("/a/confirm", None, 3, 503);
+        let (_, tx) = api.post("/api/v1/transactions/stall/submit", json!({"wait_result": true})).await;
+        assert_eq!(tx["status"], "stalled", "{b}: {tx:#}");
+        assert_eq!(tx["stalled_from"], "committing");
+        assert!(tx["last_error"].as_str().unwrap().contains("exhausted 3 attempts"), "{b}: {tx}");
+        assert_eq!(p.paths("stall").len(), 3);
+        // Stalled: no more calls go out by themselves.
+        let (_, list) = api.get("/api/v1/transactions?status=stalled").await;
+        assert_eq!(list["transactions"][0]["gid"], "stall", "{b}: {list}");
+        let (code, tx) = api.post("/api/v1/transactions/stall/retry", json!({"wait_result": true})).await;
+        assert_eq!(code, 200, "{b}: {tx}");
+        assert_eq!(tx["status"], "succeeded", "{b}: {tx:#}");
+        assert_eq!(p.paths("stall").len(), 4);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn same_gid_same_body_returns_the_first_result_and_a_different_body_conflicts() {
+    each_backend("same_gid_same_body", |api, p, b| async move {
+        let body = json!({"gid": "order-7", "kind": "saga", "steps": saga_steps(&p, 2), "wait_result": true});
+        let (code, first) = api.post("/api/v1/transactions", body.clone()).await;
+        assert_eq!((code, first["status"].as_str()), (201, Some("succeeded")), "{b}: {first}");
+        // The same intent again, keys in another order and without wait_result.
+        let reordered: Value = serde_json::from_str(&format!(
+            r#"{{"steps": {}, "kind": "saga", "gid": "order-7"}}"#,
+            saga_steps(&p, 2)
+        ))
+        .unwrap();
+        let (code, again) = api.post("/api/v1/transactions", reordered).await;
+        assert_eq!(code, 200, "{b}: {again}");
+        assert_eq!(again["status"], "succeeded");
+        assert_eq!(again["created_at"], first["created_at"]);
+        assert_eq!(p.paths("order-7").len(), 2, "{b}: the steps ran once");
+        // The same gid with another body.
+        let mut other = body.clone();
+        other["steps"][0]["payload"] = json!({"step": 99});
+        let (code, err) = api.post("/api/v1/transactions", other).await;
+        assert_eq!((code, err["error"]["code"].as_str()), (409, Some("gid_conflict")), "{b}: {err}");
+        let (_, still) = api.get("/api/v1/transactions/order-7").await;
+        assert_eq!(still["branches"][0]["payload"], r#"{"step":1}"#, "{b}: nothing changed");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_duplicate_creates_run_the_saga_once() {
+    each_backend("concurrent_duplicate_creates", |api, p, b| async move {
+        let body = json!({"gid": "dup", "kind": "saga", "steps": saga_steps(&p, 2)});
+        let results = futures::future::join_all((0..20).map(|_| api.post("/api/v1/transactions", body.clone()))).await;
+        let created = results.iter().filter(|(c, _)| *c == 201).count();
+        let repeats = results.iter().filter(|(c, _)| *c == 200).count();
+        assert_eq!((created, repeats), (1, 19), "{b}: {results:?}");
+        api.wait_status("dup", &["succeeded"], WAIT).await;
+        assert_eq!(p.paths("dup"), ["/s1/action", "/s2/action"], "{b}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_4xx_and_changes_nothing() {
+    each_backend("bad_input_gets_a_4xx", |api, p, b| async move {
+        let cases: Vec<(Value, u16, &str)> = vec![
+            (json!({"kind": "xa"}), 400, "unknown_kind"),
+            (json!({"kind": "saga", "steps": []}), 400, "empty_steps"),
+            (json!({"gid": "has space", "kind": "tcc"}), 400, "invalid_gid"),
+            (json!({"gid": "x".repeat(129), "kind": "tcc"}), 400, "invalid_gid"),
+            (json!({"gid": "g", "kind": "saga", "steps": [{"action": "not a url", "compensate": p.url("/c")}]}), 400, "invalid_url"),
+            (json!({"gid": "g", "kind": "saga", "steps": [{"action": p.url("/a")}]}), 400, "invalid_request"),
+            (json!({"gid": 5, "kind": "tcc"}), 400, "invalid_json"),
+            (json!({"gid": "g", "kind": "tcc", "surprise": 1}), 400, "invalid_json"),
+            (json!({"gid": "g", "kind": "tcc", "options": {"max_attempts": 0}}), 400, "invalid_options"),
+        ];
+        for (body, code, error) in cases {
+            let (got, resp) = api.post("/api/v1/transactions", body.clone()).await;
+            assert_eq!((got, resp["error"]["code"].as_str()), (code, Some(error)), "{b}: {body} -> {resp}");
+        }
+        let (got, resp) = api.post_raw("/api/v1/transactions", "{not json").await;
+        assert_eq!((got, resp["error"]["code"].as_str()), (400, Some("invalid_json")));
+        let (got, _) = api.get("/api/v1/transactions/nope").await;
+        assert_eq!(got, 404);
+        let (got, resp) = api.post("/api/v1/transactions/nope/submit", json!({})).await;
+        assert_eq!((got, resp["error"]["code"].as_str()), (404, Some("not_found")));
+        let (got, resp) = api.post("/api/v1/transactions/nope/branches", json!({"branch_id": "a"})).await;
+        assert_eq!((got, resp["error"]["code"].as_str()), (400, Some("invalid_json")), "{resp}");
+        let (got, resp) = api.get("/api/v1/transactions?status=bogus").await;
+        assert_eq!((got, resp["error"]["code"].as_str()), (400, Some("invalid_query")));
+        // Nothing was stored by any of them.
+        let (_, list) = api.get("/api/v1/transactions").await;
+        assert_eq!(list["transactions"].as_array().unwrap().len(), 0, "{b}: {list}");
+    })
+    .await;
+}
