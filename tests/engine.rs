@@ -5,9 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::recorder::Recorder;
 use common::Api;
-use serde_json::{json, Value};
+use common::recorder::Recorder;
+use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -52,14 +52,26 @@ fn saga_steps(p: &Recorder, n: usize) -> Value {
 #[tokio::test]
 async fn tcc_commit_confirms_every_branch() {
     each_backend("tcc_commit_confirms_every_branch", |api, p, b| async move {
-        let (code, tx) = api.post("/api/v1/transactions", json!({"gid": "tcc-ok", "kind": "tcc"})).await;
+        let (code, tx) = api
+            .post(
+                "/api/v1/transactions",
+                json!({"gid": "tcc-ok", "kind": "tcc"}),
+            )
+            .await;
         assert_eq!(code, 201, "{b}: {tx}");
         assert_eq!(tx["status"], "prepared");
         for id in ["inventory", "payment"] {
-            let (code, body) = api.post("/api/v1/transactions/tcc-ok/branches", tcc_branch(&p, id)).await;
+            let (code, body) = api
+                .post("/api/v1/transactions/tcc-ok/branches", tcc_branch(&p, id))
+                .await;
             assert_eq!(code, 200, "{b}: {body}");
         }
-        let (code, tx) = api.post("/api/v1/transactions/tcc-ok/submit", json!({"wait_result": true})).await;
+        let (code, tx) = api
+            .post(
+                "/api/v1/transactions/tcc-ok/submit",
+                json!({"wait_result": true}),
+            )
+            .await;
         assert_eq!(code, 200, "{b}: {tx}");
         assert_eq!(tx["status"], "succeeded", "{b}: {tx:#}");
         let mut paths = p.paths("tcc-ok");
@@ -68,9 +80,14 @@ async fn tcc_commit_confirms_every_branch() {
         let call = &p.calls()[0];
         assert_eq!(call.trans_type, "tcc");
         assert_eq!(call.op, "confirm");
-        assert_eq!(serde_json::from_str::<Value>(&call.body).unwrap()["branch"], call.branch_id.as_str());
+        assert_eq!(
+            serde_json::from_str::<Value>(&call.body).unwrap()["branch"],
+            call.branch_id.as_str()
+        );
         // A repeated submit returns the outcome of the first.
-        let (code, again) = api.post("/api/v1/transactions/tcc-ok/submit", json!({})).await;
+        let (code, again) = api
+            .post("/api/v1/transactions/tcc-ok/submit", json!({}))
+            .await;
         assert_eq!((code, again["status"].as_str()), (200, Some("succeeded")));
         assert_eq!(p.paths("tcc-ok").len(), 2, "{b}: nothing called twice");
     })
@@ -80,12 +97,23 @@ async fn tcc_commit_confirms_every_branch() {
 #[tokio::test]
 async fn tcc_abort_cancels_every_branch() {
     each_backend("tcc_abort_cancels_every_branch", |api, p, b| async move {
-        api.post("/api/v1/transactions", json!({"gid": "tcc-abort", "kind": "tcc"})).await;
+        api.post(
+            "/api/v1/transactions",
+            json!({"gid": "tcc-abort", "kind": "tcc"}),
+        )
+        .await;
         for id in ["a", "b", "c"] {
-            api.post("/api/v1/transactions/tcc-abort/branches", tcc_branch(&p, id)).await;
+            api.post(
+                "/api/v1/transactions/tcc-abort/branches",
+                tcc_branch(&p, id),
+            )
+            .await;
         }
         let (code, tx) = api
-            .post("/api/v1/transactions/tcc-abort/abort", json!({"wait_result": true, "reason": "Try of b failed"}))
+            .post(
+                "/api/v1/transactions/tcc-abort/abort",
+                json!({"wait_result": true, "reason": "Try of b failed"}),
+            )
             .await;
         assert_eq!(code, 200, "{b}: {tx}");
         assert_eq!(tx["status"], "failed");
@@ -94,42 +122,79 @@ async fn tcc_abort_cancels_every_branch() {
         paths.sort();
         assert_eq!(paths, ["/a/cancel", "/b/cancel", "/c/cancel"], "{b}");
         // Submit after abort is refused and changes nothing.
-        let (code, err) = api.post("/api/v1/transactions/tcc-abort/submit", json!({})).await;
-        assert_eq!((code, err["error"]["code"].as_str()), (409, Some("invalid_state")), "{b}");
+        let (code, err) = api
+            .post("/api/v1/transactions/tcc-abort/submit", json!({}))
+            .await;
+        assert_eq!(
+            (code, err["error"]["code"].as_str()),
+            (409, Some("invalid_state")),
+            "{b}"
+        );
         // Registration after the decision is refused.
-        let (code, err) = api.post("/api/v1/transactions/tcc-abort/branches", tcc_branch(&p, "d")).await;
-        assert_eq!((code, err["error"]["code"].as_str()), (409, Some("not_prepared")), "{b}");
+        let (code, err) = api
+            .post(
+                "/api/v1/transactions/tcc-abort/branches",
+                tcc_branch(&p, "d"),
+            )
+            .await;
+        assert_eq!(
+            (code, err["error"]["code"].as_str()),
+            (409, Some("not_prepared")),
+            "{b}"
+        );
     })
     .await;
 }
 
 #[tokio::test]
 async fn tcc_global_timeout_cancels_everywhere() {
-    each_backend("tcc_global_timeout_cancels_everywhere", |api, p, b| async move {
-        let (code, _) = api
-            .post("/api/v1/transactions", json!({"gid": "tcc-timeout", "kind": "tcc", "options": {"timeout_ms": 200}}))
+    each_backend(
+        "tcc_global_timeout_cancels_everywhere",
+        |api, p, b| async move {
+            let (code, _) = api
+                .post(
+                    "/api/v1/transactions",
+                    json!({"gid": "tcc-timeout", "kind": "tcc", "options": {"timeout_ms": 200}}),
+                )
+                .await;
+            assert_eq!(code, 201);
+            for id in ["a", "b"] {
+                api.post(
+                    "/api/v1/transactions/tcc-timeout/branches",
+                    tcc_branch(&p, id),
+                )
+                .await;
+            }
+            // Nobody submits: the recovery loop aborts it when the deadline passes.
+            p.wait_until(WAIT, |calls| {
+                calls.iter().filter(|c| c.gid == "tcc-timeout").count() == 2
+            })
             .await;
-        assert_eq!(code, 201);
-        for id in ["a", "b"] {
-            api.post("/api/v1/transactions/tcc-timeout/branches", tcc_branch(&p, id)).await;
-        }
-        // Nobody submits: the recovery loop aborts it when the deadline passes.
-        p.wait_until(WAIT, |calls| calls.iter().filter(|c| c.gid == "tcc-timeout").count() == 2).await;
-        let tx = api.wait_status("tcc-timeout", &["failed"], WAIT).await;
-        assert!(tx["reason"].as_str().unwrap().contains("timeout"), "{b}: {tx}");
-        let mut paths = p.paths("tcc-timeout");
-        paths.sort();
-        assert_eq!(paths, ["/a/cancel", "/b/cancel"], "{b}");
-        let (code, err) = api.post("/api/v1/transactions/tcc-timeout/submit", json!({})).await;
-        assert_eq!(code, 409, "{b}: {err}");
-    })
+            let tx = api.wait_status("tcc-timeout", &["failed"], WAIT).await;
+            assert!(
+                tx["reason"].as_str().unwrap().contains("timeout"),
+                "{b}: {tx}"
+            );
+            let mut paths = p.paths("tcc-timeout");
+            paths.sort();
+            assert_eq!(paths, ["/a/cancel", "/b/cancel"], "{b}");
+            let (code, err) = api
+                .post("/api/v1/transactions/tcc-timeout/submit", json!({}))
+                .await;
+            assert_eq!(code, 409, "{b}: {err}");
+        },
+    )
     .await;
 }
 
 #[tokio::test]
 async fn tcc_try_can_be_called_by_idem() {
     each_backend("tcc_try_can_be_called_by_idem", |api, p, b| async move {
-        api.post("/api/v1/transactions", json!({"gid": "tcc-try", "kind": "tcc"})).await;
+        api.post(
+            "/api/v1/transactions",
+            json!({"gid": "tcc-try", "kind": "tcc"}),
+        )
+        .await;
         let mut ok = tcc_branch(&p, "a");
         ok["try"] = json!(p.url("/a/try"));
         let (code, body) = api.post("/api/v1/transactions/tcc-try/branches", ok).await;
@@ -138,15 +203,34 @@ async fn tcc_try_can_be_called_by_idem() {
         p.answer("/b/try", None, 1, 409);
         let mut refused = tcc_branch(&p, "b");
         refused["try"] = json!(p.url("/b/try"));
-        let (code, body) = api.post("/api/v1/transactions/tcc-try/branches", refused).await;
+        let (code, body) = api
+            .post("/api/v1/transactions/tcc-try/branches", refused)
+            .await;
         assert_eq!(code, 409, "{b}: {body}");
         assert_eq!(body["error"]["code"], "try_failed");
         let (_, tx) = api.get("/api/v1/transactions/tcc-try").await;
-        let try_b = tx["branches"].as_array().unwrap().iter().find(|x| x["branch_id"] == "b" && x["action"] == "try").unwrap();
+        let try_b = tx["branches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["branch_id"] == "b" && x["action"] == "try")
+            .unwrap();
         assert_eq!(try_b["status"], "failed", "{b}: {tx:#}");
-        let (_, tx) = api.post("/api/v1/transactions/tcc-try/abort", json!({"wait_result": true})).await;
+        let (_, tx) = api
+            .post(
+                "/api/v1/transactions/tcc-try/abort",
+                json!({"wait_result": true}),
+            )
+            .await;
         assert_eq!(tx["status"], "failed");
-        assert_eq!(p.paths("tcc-try").iter().filter(|x| x.ends_with("/cancel")).count(), 2, "{b}");
+        assert_eq!(
+            p.paths("tcc-try")
+                .iter()
+                .filter(|x| x.ends_with("/cancel"))
+                .count(),
+            2,
+            "{b}"
+        );
     })
     .await;
 }
@@ -221,23 +305,47 @@ async fn failed_calls_are_retried_until_success_and_counted() {
 
 #[tokio::test]
 async fn exhausted_confirm_stalls_then_retry_completes() {
-    each_backend("exhausted_confirm_stalls_then_retry_completes", |api, p, b| async move {
-        api.post("/api/v1/transactions", json!({"gid": "stall", "kind": "tcc", "options": {"max_attempts": 3}})).await;
-        api.post("/api/v1/transactions/stall/branches", tcc_branch(&p, "a")).await;
-        p.answer("/a/confirm", None, 3, 503);
-        let (_, tx) = api.post("/api/v1/transactions/stall/submit", json!({"wait_result": true})).await;
-        assert_eq!(tx["status"], "stalled", "{b}: {tx:#}");
-        assert_eq!(tx["stalled_from"], "committing");
-        assert!(tx["last_error"].as_str().unwrap().contains("exhausted 3 attempts"), "{b}: {tx}");
-        assert_eq!(p.paths("stall").len(), 3);
-        // Stalled: no more calls go out by themselves.
-        let (_, list) = api.get("/api/v1/transactions?status=stalled").await;
-        assert_eq!(list["transactions"][0]["gid"], "stall", "{b}: {list}");
-        let (code, tx) = api.post("/api/v1/transactions/stall/retry", json!({"wait_result": true})).await;
-        assert_eq!(code, 200, "{b}: {tx}");
-        assert_eq!(tx["status"], "succeeded", "{b}: {tx:#}");
-        assert_eq!(p.paths("stall").len(), 4);
-    })
+    each_backend(
+        "exhausted_confirm_stalls_then_retry_completes",
+        |api, p, b| async move {
+            api.post(
+                "/api/v1/transactions",
+                json!({"gid": "stall", "kind": "tcc", "options": {"max_attempts": 3}}),
+            )
+            .await;
+            api.post("/api/v1/transactions/stall/branches", tcc_branch(&p, "a"))
+                .await;
+            p.answer("/a/confirm", None, 3, 503);
+            let (_, tx) = api
+                .post(
+                    "/api/v1/transactions/stall/submit",
+                    json!({"wait_result": true}),
+                )
+                .await;
+            assert_eq!(tx["status"], "stalled", "{b}: {tx:#}");
+            assert_eq!(tx["stalled_from"], "committing");
+            assert!(
+                tx["last_error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("exhausted 3 attempts"),
+                "{b}: {tx}"
+            );
+            assert_eq!(p.paths("stall").len(), 3);
+            // Stalled: no more calls go out by themselves.
+            let (_, list) = api.get("/api/v1/transactions?status=stalled").await;
+            assert_eq!(list["transactions"][0]["gid"], "stall", "{b}: {list}");
+            let (code, tx) = api
+                .post(
+                    "/api/v1/transactions/stall/retry",
+                    json!({"wait_result": true}),
+                )
+                .await;
+            assert_eq!(code, 200, "{b}: {tx}");
+            assert_eq!(tx["status"], "succeeded", "{b}: {tx:#}");
+            assert_eq!(p.paths("stall").len(), 4);
+        },
+    )
     .await;
 }
 
@@ -273,7 +381,10 @@ async fn same_gid_same_body_returns_the_first_result_and_a_different_body_confli
 async fn concurrent_duplicate_creates_run_the_saga_once() {
     each_backend("concurrent_duplicate_creates", |api, p, b| async move {
         let body = json!({"gid": "dup", "kind": "saga", "steps": saga_steps(&p, 2)});
-        let results = futures::future::join_all((0..20).map(|_| api.post("/api/v1/transactions", body.clone()))).await;
+        let results = futures::future::join_all(
+            (0..20).map(|_| api.post("/api/v1/transactions", body.clone())),
+        )
+        .await;
         let created = results.iter().filter(|(c, _)| *c == 201).count();
         let repeats = results.iter().filter(|(c, _)| *c == 200).count();
         assert_eq!((created, repeats), (1, 19), "{b}: {results:?}");

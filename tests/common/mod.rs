@@ -57,7 +57,9 @@ pub async fn coordinator(url: &str) -> RunningServer {
     config.connect.max_connections = 8;
     config.connect.sqlite_full_sync = false;
     config.wait_timeout = Duration::from_secs(20);
-    idem::server::start(config).await.expect("coordinator starts")
+    idem::server::start(config)
+        .await
+        .expect("coordinator starts")
 }
 
 /// A JSON client for the coordinator's API.
@@ -77,7 +79,13 @@ impl Api {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self.client.post(format!("{}{path}", self.base)).json(&body).send().await.unwrap();
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
@@ -96,7 +104,12 @@ impl Api {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self.client.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
@@ -114,5 +127,87 @@ impl Api {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// An `idem serve` child process.
+pub struct Child {
+    pub url: String,
+    process: std::process::Child,
+    // Kept open so that the child never writes to a closed pipe.
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Child {
+    /// Starts `idem serve` on `database_url` with short leases and retry delays, and
+    /// waits until it listens (it prints its address).
+    pub fn serve(database_url: &str, node: &str, extra: &[&str]) -> Child {
+        use std::io::BufRead;
+        let mut process = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args([
+                "serve",
+                "--database-url",
+                database_url,
+                "--listen",
+                "127.0.0.1:0",
+                "--node",
+                node,
+                "--lease-ms",
+                "1500",
+                "--recovery-interval-ms",
+                "100",
+                "--retry-interval-ms",
+                "50",
+                "--max-retry-interval-ms",
+                "200",
+                "--sqlite-full-sync",
+                "false",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("idem starts");
+        let stdout = process.stdout.take().unwrap();
+        let mut line = String::new();
+        let mut reader = std::io::BufReader::new(stdout);
+        reader.read_line(&mut line).unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("unexpected first line from idem: {line:?}"))
+            .to_owned();
+        Child {
+            url,
+            process,
+            _stdout: reader,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
+    /// SIGKILL: no shutdown, no lease handed back.
+    pub fn kill(mut self) {
+        self.process.kill().unwrap();
+        self.process.wait().unwrap();
+    }
+
+    /// Sends a signal by name (STOP, CONT, TERM).
+    pub fn signal(&self, name: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{name} failed");
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
     }
 }

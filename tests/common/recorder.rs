@@ -4,10 +4,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, Uri};
-use axum::Router;
 use serde::Deserialize;
 use tokio::sync::Notify;
 
@@ -55,7 +55,12 @@ struct Params {
     op: String,
 }
 
-async fn handle(State(inner): State<Arc<Inner>>, uri: Uri, Query(p): Query<Params>, body: Bytes) -> (StatusCode, String) {
+async fn handle(
+    State(inner): State<Arc<Inner>>,
+    uri: Uri,
+    Query(p): Query<Params>,
+    body: Bytes,
+) -> (StatusCode, String) {
     let path = uri.path().to_owned();
     let rule = {
         let mut rules = inner.rules.lock().unwrap();
@@ -87,7 +92,9 @@ async fn handle(State(inner): State<Arc<Inner>>, uri: Uri, Query(p): Query<Param
 impl Recorder {
     pub async fn start() -> Recorder {
         let inner = Arc::new(Inner::default());
-        let app = Router::new().fallback(handle).with_state(Arc::clone(&inner));
+        let app = Router::new()
+            .fallback(handle)
+            .with_state(Arc::clone(&inner));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -127,7 +134,11 @@ impl Recorder {
 
     /// `path` of every call for `gid`, in arrival order.
     pub fn paths(&self, gid: &str) -> Vec<String> {
-        self.calls().into_iter().filter(|c| c.gid == gid).map(|c| c.path).collect()
+        self.calls()
+            .into_iter()
+            .filter(|c| c.gid == gid)
+            .map(|c| c.path)
+            .collect()
     }
 
     /// Waits until `done(calls)` holds, or panics after `timeout`.
@@ -141,7 +152,10 @@ impl Recorder {
                 return;
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                panic!("condition not reached in {timeout:?}; calls: {:#?}", self.calls());
+                panic!(
+                    "condition not reached in {timeout:?}; calls: {:#?}",
+                    self.calls()
+                );
             }
         }
     }

@@ -1,0 +1,303 @@
+//! Real `idem serve` processes: killed with SIGKILL in the middle of phase 2, paused past
+//! their lease, and two of them sharing one database.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use common::recorder::{Call, Recorder};
+use common::{Api, Child};
+use idem_participant::testing::{Backend, TestDatabase};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn tcc_branch(p: &Recorder, id: &str) -> serde_json::Value {
+    json!({
+        "branch_id": id,
+        "confirm": p.url(&format!("/{id}/confirm")),
+        "cancel": p.url(&format!("/{id}/cancel")),
+        "payload": {"branch": id},
+    })
+}
+
+/// Calls per (gid, branch_id, op).
+fn tally(calls: &[Call]) -> BTreeMap<(String, String, String), usize> {
+    let mut out = BTreeMap::new();
+    for c in calls {
+        *out.entry((c.gid.clone(), c.branch_id.clone(), c.op.clone()))
+            .or_insert(0) += 1;
+    }
+    out
+}
+
+async fn wait_all(api: &Api, gids: &[String], statuses: &[&str]) {
+    for gid in gids {
+        api.wait_status(gid, statuses, WAIT).await;
+    }
+}
+
+async fn restart_recovery(db: TestDatabase) {
+    let backend = db.backend;
+    let p = Recorder::start().await;
+    // Every Confirm and action takes a while, so the kill lands in the middle of phase 2.
+    for id in ["a", "b"] {
+        p.delay(
+            &format!("/{id}/confirm"),
+            None,
+            1_000,
+            Duration::from_millis(150),
+        );
+    }
+    p.delay("/s2/action", None, 1_000, Duration::from_millis(150));
+    let first = Child::serve(&db.url, "first", &[]);
+    let api = Api::new(first.url.clone());
+    let mut tcc = Vec::new();
+    for i in 0..12 {
+        let gid = format!("tcc-{i}");
+        api.post("/api/v1/transactions", json!({"gid": gid, "kind": "tcc"}))
+            .await;
+        for id in ["a", "b"] {
+            let (code, body) = api
+                .post(
+                    &format!("/api/v1/transactions/{gid}/branches"),
+                    tcc_branch(&p, id),
+                )
+                .await;
+            assert_eq!(code, 200, "{backend}: {body}");
+        }
+        tcc.push(gid);
+    }
+    let mut sagas = Vec::new();
+    for i in 0..8 {
+        let gid = format!("saga-{i}");
+        let steps: Vec<_> = (1..=3)
+            .map(|s| json!({"action": p.url(&format!("/s{s}/action")), "compensate": p.url(&format!("/s{s}/compensate"))}))
+            .collect();
+        let (code, _) = api
+            .post(
+                "/api/v1/transactions",
+                json!({"gid": gid, "kind": "saga", "steps": steps}),
+            )
+            .await;
+        assert_eq!(code, 201);
+        sagas.push(gid);
+    }
+    for gid in &tcc {
+        let (code, body) = api
+            .post(&format!("/api/v1/transactions/{gid}/submit"), json!({}))
+            .await;
+        assert_eq!(code, 200, "{backend}: {body}");
+    }
+    // Some Confirms have been answered, not all: kill it.
+    p.wait_until(WAIT, |calls| {
+        calls.iter().filter(|c| c.op == "confirm").count() >= 4
+    })
+    .await;
+    first.kill();
+    let answered_before = p.calls().len();
+
+    let second = Child::serve(&db.url, "second", &[]);
+    let api = Api::new(second.url.clone());
+    wait_all(&api, &tcc, &["succeeded"]).await;
+    wait_all(&api, &sagas, &["succeeded"]).await;
+    let t = tally(&p.calls());
+    for gid in &tcc {
+        for id in ["a", "b"] {
+            assert!(
+                t.get(&(gid.clone(), id.into(), "confirm".into()))
+                    .is_some_and(|n| *n >= 1),
+                "{backend}: {gid}/{id} confirmed"
+            );
+            assert!(
+                !t.contains_key(&(gid.clone(), id.into(), "cancel".into())),
+                "{backend}: {gid}/{id} never cancelled"
+            );
+        }
+    }
+    for gid in &sagas {
+        for step in ["01", "02", "03"] {
+            assert!(
+                t.contains_key(&(gid.clone(), step.into(), "action".into())),
+                "{backend}: {gid}/{step}"
+            );
+            assert!(!t.contains_key(&(gid.clone(), step.into(), "compensate".into())));
+        }
+    }
+    assert!(
+        p.calls().len() > answered_before,
+        "{backend}: the second process did the rest"
+    );
+    drop(second);
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn sigkill_in_phase_two_then_restart_finishes_everything_sqlite() {
+    restart_recovery(
+        TestDatabase::create(Backend::Sqlite, "sigkill_sqlite")
+            .await
+            .unwrap(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn sigkill_in_phase_two_then_restart_finishes_everything_postgres() {
+    if let Some(db) = TestDatabase::create(Backend::Postgres, "sigkill_postgres").await {
+        restart_recovery(db).await;
+    }
+}
+
+#[tokio::test]
+async fn sigkill_in_phase_two_then_restart_finishes_everything_mysql() {
+    if let Some(db) = TestDatabase::create(Backend::Mysql, "sigkill_mysql").await {
+        restart_recovery(db).await;
+    }
+}
+
+/// Two coordinators on one database: prepared TCCs time out and both recovery loops race
+/// to abort them; sagas are submitted to either. Every branch operation is delivered by
+/// exactly one of them (the participant answers at once, so there is no retry).
+async fn two_coordinators(db: TestDatabase) {
+    let backend = db.backend;
+    let p = Recorder::start().await;
+    let a = Child::serve(&db.url, "a", &["--prepared-timeout-ms", "1500"]);
+    let b = Child::serve(&db.url, "b", &["--prepared-timeout-ms", "1500"]);
+    let apis = [Api::new(a.url.clone()), Api::new(b.url.clone())];
+    let mut timeouts = Vec::new();
+    for i in 0..30 {
+        let api = &apis[i % 2];
+        let gid = format!("timeout-{i}");
+        api.post("/api/v1/transactions", json!({"gid": gid, "kind": "tcc"}))
+            .await;
+        for id in ["a", "b"] {
+            api.post(
+                &format!("/api/v1/transactions/{gid}/branches"),
+                tcc_branch(&p, id),
+            )
+            .await;
+        }
+        timeouts.push(gid);
+    }
+    let mut sagas = Vec::new();
+    for i in 0..30 {
+        let gid = format!("saga-{i}");
+        let steps: Vec<_> = (1..=2)
+            .map(|s| json!({"action": p.url(&format!("/s{s}/action")), "compensate": p.url(&format!("/s{s}/compensate"))}))
+            .collect();
+        let (code, _) = apis[i % 2]
+            .post(
+                "/api/v1/transactions",
+                json!({"gid": gid, "kind": "saga", "steps": steps}),
+            )
+            .await;
+        assert_eq!(code, 201);
+        sagas.push(gid);
+    }
+    wait_all(&apis[0], &timeouts, &["failed"]).await;
+    wait_all(&apis[1], &sagas, &["succeeded"]).await;
+    let t = tally(&p.calls());
+    for gid in &timeouts {
+        for id in ["a", "b"] {
+            assert_eq!(
+                t.get(&(gid.clone(), id.into(), "cancel".into())),
+                Some(&1),
+                "{backend}: {gid}/{id} cancelled once"
+            );
+        }
+    }
+    for gid in &sagas {
+        for step in ["01", "02"] {
+            assert_eq!(
+                t.get(&(gid.clone(), step.into(), "action".into())),
+                Some(&1),
+                "{backend}: {gid}/{step} once"
+            );
+        }
+    }
+    let calls = p.calls();
+    let ops: HashSet<&str> = calls.iter().map(|c| c.op.as_str()).collect();
+    assert!(
+        !ops.contains("confirm") && !ops.contains("compensate"),
+        "{backend}: {ops:?}"
+    );
+    drop((a, b));
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn two_coordinators_share_one_postgres_database() {
+    if let Some(db) = TestDatabase::create(Backend::Postgres, "two_coordinators_postgres").await {
+        two_coordinators(db).await;
+    }
+}
+
+#[tokio::test]
+async fn two_coordinators_share_one_mariadb_database() {
+    if let Some(db) = TestDatabase::create(Backend::Mysql, "two_coordinators_mysql").await {
+        two_coordinators(db).await;
+    }
+}
+
+/// A coordinator paused (SIGSTOP) past its lease loses the transaction to another; when
+/// it wakes up its writes are refused and it stops, so the new owner's outcome stands.
+async fn paused_owner(db: TestDatabase) {
+    let backend = db.backend;
+    let p = Recorder::start().await;
+    // The first call of step 1 hangs long enough for the owner to be paused in it.
+    p.delay("/s1/action", None, 1, Duration::from_millis(800));
+    let stale = Child::serve(&db.url, "stale", &[]);
+    let fresh = Child::serve(&db.url, "fresh", &[]);
+    let api = Api::new(stale.url.clone());
+    let steps = json!([{"action": p.url("/s1/action"), "compensate": p.url("/s1/compensate")},
+                       {"action": p.url("/s2/action"), "compensate": p.url("/s2/compensate")}]);
+    api.post(
+        "/api/v1/transactions",
+        json!({"gid": "paused", "kind": "saga", "steps": steps}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stale.signal("STOP");
+    // The lease (1.5 s) lapses; the other coordinator claims and finishes the saga.
+    let done = Api::new(fresh.url.clone())
+        .wait_status("paused", &["succeeded"], WAIT)
+        .await;
+    stale.signal("CONT");
+    // Give the woken owner time to try its stale writes, then check nothing moved.
+    let calls_after = p.calls().len();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (_, now) = Api::new(fresh.url.clone())
+        .get("/api/v1/transactions/paused")
+        .await;
+    assert_eq!(now["status"], "succeeded", "{backend}");
+    assert_eq!(
+        now["updated_at"], done["updated_at"],
+        "{backend}: the stale owner wrote nothing"
+    );
+    let late: Vec<String> = p.calls()[calls_after..]
+        .iter()
+        .map(|c| c.path.clone())
+        .collect();
+    assert!(
+        late.iter().all(|x| x.ends_with("/action")),
+        "{backend}: no compensation from the stale owner: {late:?}"
+    );
+    drop((stale, fresh));
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn paused_owner_cannot_overwrite_postgres() {
+    if let Some(db) = TestDatabase::create(Backend::Postgres, "paused_owner_postgres").await {
+        paused_owner(db).await;
+    }
+}
+
+#[tokio::test]
+async fn paused_owner_cannot_overwrite_mariadb() {
+    if let Some(db) = TestDatabase::create(Backend::Mysql, "paused_owner_mysql").await {
+        paused_owner(db).await;
+    }
+}
