@@ -1,4 +1,82 @@
-//! Participant SDK for idem (being built).
+//! Participant SDK for idem: makes every TCC and saga branch step exactly-once.
+//!
+//! A coordinator retries. Networks drop responses. A Cancel can overtake its own Try. So a
+//! participant's Try/Confirm/Cancel and action/compensate handlers are called any number of
+//! times, in any order, concurrently; the business change must still happen once. This crate
+//! does that with a barrier table in the participant's own database, written in the same
+//! local transaction as the business change (see [`barrier`] for the algorithm):
+//!
+//! ```ignore
+//! let outcome = Barrier::new(TransType::Tcc, gid, branch_id, Op::Try)?
+//!     .run(&pool, async |tx| {
+//!         sqlx::query(tx.sql("UPDATE stock SET available = available - ? WHERE sku = ? AND available >= ?"))
+//!             .bind(n).bind(&sku).bind(n)
+//!             .execute(tx.conn()).await?;
+//!         Ok(Reserved { sku: sku.clone(), n })
+//!     })
+//!     .await?;
+//! match outcome {
+//!     Outcome::Executed(r) | Outcome::Duplicate(r) => { /* first (and only) result */ }
+//!     Outcome::EmptyRollback => { /* a Cancel whose Try never ran */ }
+//!     Outcome::Rejected => { /* a Try after its Cancel: 409 */ }
+//! }
+//! ```
+//!
+//! It runs on SQLite, PostgreSQL and MySQL/MariaDB, with typed sqlx pools or with
+//! `sqlx::Any` (one binary, backend chosen by URL: see [`connect`]). The `axum` feature adds
+//! the callback extractor and the outcome-to-status mapping ([`http`]).
+
+pub mod backend;
+pub mod barrier;
+pub mod dialect;
+pub mod error;
+#[cfg(feature = "axum")]
+pub mod http;
+pub mod schema;
 
 #[cfg(feature = "testing")]
 pub mod testing;
+
+pub use backend::BarrierDatabase;
+pub use barrier::{
+    Barrier, DEFAULT_TABLE, InvalidCall, MSG_BRANCH_ID, Op, Outcome, RetryPolicy, StepTx, TransType,
+};
+pub use dialect::Dialect;
+pub use error::ParticipantError;
+#[cfg(feature = "axum")]
+pub use http::{BranchCall, Payload};
+pub use schema::{
+    BarrierRecord, MsgState, barrier_ddl, barrier_records, barrier_records_in,
+    create_barrier_table, create_barrier_table_named, purge_barriers, query_prepared,
+};
+
+use std::time::Duration;
+
+use sqlx::AnyPool;
+use sqlx::any::AnyPoolOptions;
+
+/// Opens an `AnyPool` for a participant database given by URL (`sqlite://file.db?mode=rwc`,
+/// `postgres://...`, `mysql://...`), with settings the barrier relies on.
+///
+/// SQLite is switched to WAL so that readers (the query endpoints) do not block the single
+/// writer. Use a file: every connection to `sqlite::memory:` is a separate database.
+pub async fn connect(url: &str, max_connections: u32) -> Result<AnyPool, sqlx::Error> {
+    sqlx::any::install_default_drivers();
+    let dialect = Dialect::from_url(url).ok_or_else(|| {
+        sqlx::Error::Configuration(
+            format!("unsupported database URL `{url}`: use sqlite:, postgres:// or mysql://")
+                .into(),
+        )
+    })?;
+    let pool = AnyPoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(url)
+        .await?;
+    if dialect == Dialect::Sqlite {
+        sqlx::raw_sql("PRAGMA journal_mode = WAL")
+            .execute(&pool)
+            .await?;
+    }
+    Ok(pool)
+}

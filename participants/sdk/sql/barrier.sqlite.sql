@@ -1,0 +1,19 @@
+-- idem participant barrier, SQLite.
+-- One row per (gid, branch_id, op, barrier_id). `reason` is the op whose call inserted the
+-- row: a `try` row whose reason is `cancel` is the marker that blocks a late Try.
+-- `outcome` is executed | empty_rollback | guard (running only inside the inserting
+-- transaction). `result` is the first result, as JSON, returned to every duplicate.
+CREATE TABLE IF NOT EXISTS idem_barrier (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    trans_type TEXT NOT NULL DEFAULT '',
+    gid TEXT NOT NULL,
+    branch_id TEXT NOT NULL,
+    op TEXT NOT NULL,
+    barrier_id TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    result TEXT,
+    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    CONSTRAINT idem_barrier_uniq UNIQUE (gid, branch_id, op, barrier_id)
+);
+CREATE INDEX IF NOT EXISTS idem_barrier_created_at ON idem_barrier (created_at);
