@@ -635,13 +635,13 @@ impl Engine {
                 Ok(Saved::Lost) => {
                     // A retry after an error whose commit did land looks like a lost race:
                     // check whether the stored row is exactly what we wrote.
-                    if last.is_some() {
-                        if let Ok(Some(stored)) = self.store.load(&save.after.gid).await {
-                            let ours = stored.owner_token.as_deref()
-                                == save.lease.map(|l| l.token.as_str());
-                            if ours && stored.tx == *save.after {
-                                return Ok(true);
-                            }
+                    if last.is_some()
+                        && let Ok(Some(stored)) = self.store.load(&save.after.gid).await
+                    {
+                        let ours =
+                            stored.owner_token.as_deref() == save.lease.map(|l| l.token.as_str());
+                        if ours && stored.tx == *save.after {
+                            return Ok(true);
                         }
                     }
                     return Ok(false);

@@ -466,52 +466,33 @@ fn stall(tx: &mut Transaction, error: String) {
 /// compensations of saga steps that were never sent.
 fn settle(tx: &mut Transaction, ctx: Ctx) {
     let now = ctx.now;
-    match (tx.kind, tx.status) {
-        (Kind::Saga, Status::Running) => {
-            if tx
-                .branches_with(Action::Action)
-                .all(|b| b.status == BranchStatus::Succeeded)
+    if (tx.kind, tx.status) == (Kind::Saga, Status::Aborting) {
+        let sent = steps_possibly_sent(tx);
+        for branch in &mut tx.branches {
+            if branch.action == Action::Compensate
+                && branch.status == BranchStatus::Pending
+                && !sent.contains(&branch.seq)
             {
-                tx.status = Status::Succeeded;
+                branch.status = BranchStatus::Skipped;
+                branch.updated_at = now;
             }
         }
-        (Kind::Saga, Status::Aborting) => {
-            let sent = steps_possibly_sent(tx);
-            for branch in &mut tx.branches {
-                if branch.action == Action::Compensate
-                    && branch.status == BranchStatus::Pending
-                    && !sent.contains(&branch.seq)
-                {
-                    branch.status = BranchStatus::Skipped;
-                    branch.updated_at = now;
-                }
-            }
-            if tx
-                .branches_with(Action::Compensate)
-                .all(|b| b.status.is_done())
-            {
-                tx.status = Status::Failed;
-            }
+    }
+    // The operations that make up the current phase, and the status once all are done.
+    let phase = match (tx.kind, tx.status) {
+        (Kind::Saga, Status::Running) => Some((Action::Action, Status::Succeeded)),
+        (Kind::Saga, Status::Aborting) => Some((Action::Compensate, Status::Failed)),
+        (Kind::Tcc, Status::Committing) => Some((Action::Confirm, Status::Succeeded)),
+        (Kind::Tcc, Status::Aborting) => Some((Action::Cancel, Status::Failed)),
+        (Kind::Msg, Status::Committing) => Some((Action::Action, Status::Succeeded)),
+        _ => None,
+    };
+    if let Some((action, next)) = phase {
+        // A failed saga action has already turned the saga to aborting, so "done" here
+        // means succeeded, or skipped for a compensation that is not needed.
+        if tx.branches_with(action).all(|b| b.status.is_done()) {
+            tx.status = next;
         }
-        (Kind::Tcc, Status::Committing) => {
-            if tx
-                .branches_with(Action::Confirm)
-                .all(|b| b.status.is_done())
-            {
-                tx.status = Status::Succeeded;
-            }
-        }
-        (Kind::Tcc, Status::Aborting) => {
-            if tx.branches_with(Action::Cancel).all(|b| b.status.is_done()) {
-                tx.status = Status::Failed;
-            }
-        }
-        (Kind::Msg, Status::Committing) => {
-            if tx.branches_with(Action::Action).all(|b| b.status.is_done()) {
-                tx.status = Status::Succeeded;
-            }
-        }
-        _ => {}
     }
     if tx.status.is_terminal() {
         tx.finished_at.get_or_insert(now);
