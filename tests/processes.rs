@@ -301,3 +301,97 @@ async fn paused_owner_cannot_overwrite_mariadb() {
         paused_owner(db).await;
     }
 }
+
+fn idem_cli(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("idem runs");
+    assert!(
+        out.status.success(),
+        "idem {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The operator's commands against the database a running server uses.
+#[tokio::test]
+async fn operator_commands_list_show_retry_and_force_stop() {
+    let db = TestDatabase::create(Backend::Sqlite, "operator_commands")
+        .await
+        .unwrap();
+    let p = Recorder::start().await;
+    let server = Child::serve(&db.url, "ops", &["--max-attempts", "2"]);
+    let api = Api::new(server.url.clone());
+    for gid in ["stuck-1", "stuck-2"] {
+        api.post("/api/v1/transactions", json!({"gid": gid, "kind": "tcc"}))
+            .await;
+        api.post(
+            &format!("/api/v1/transactions/{gid}/branches"),
+            tcc_branch(&p, "a"),
+        )
+        .await;
+        p.answer("/a/confirm", Some(gid), 2, 500);
+        let (_, tx) = api
+            .post(
+                &format!("/api/v1/transactions/{gid}/submit"),
+                json!({"wait_result": true}),
+            )
+            .await;
+        assert_eq!(tx["status"], "stalled", "{tx:#}");
+    }
+    let list = idem_cli(&[
+        "tx",
+        "list",
+        "--database-url",
+        &db.url,
+        "--status",
+        "stalled",
+    ]);
+    assert!(
+        list.contains("stuck-1") && list.contains("stuck-2"),
+        "{list}"
+    );
+    assert!(list.contains("exhausted 2 attempts"), "{list}");
+
+    let shown: serde_json::Value = serde_json::from_str(&idem_cli(&[
+        "tx",
+        "show",
+        "--database-url",
+        &db.url,
+        "stuck-1",
+    ]))
+    .unwrap();
+    assert_eq!(shown["status"], "stalled");
+    assert_eq!(shown["history"].as_array().unwrap().len(), 2, "{shown:#}");
+
+    // retry releases the row; the running server's recovery loop completes it.
+    let out = idem_cli(&["tx", "retry", "--database-url", &db.url, "stuck-1"]);
+    assert!(out.contains("committing"), "{out}");
+    api.wait_status("stuck-1", &["succeeded"], WAIT).await;
+
+    let out = idem_cli(&[
+        "tx",
+        "force-stop",
+        "--database-url",
+        &db.url,
+        "stuck-2",
+        "--reason",
+        "refunded by hand",
+    ]);
+    assert!(out.contains("failed"), "{out}");
+    let (_, tx) = api.get("/api/v1/transactions/stuck-2").await;
+    assert_eq!(
+        (tx["status"].as_str(), tx["reason"].as_str()),
+        (Some("failed"), Some("refunded by hand"))
+    );
+    assert_eq!(
+        p.paths("stuck-2"),
+        ["/a/confirm", "/a/confirm"],
+        "nothing called after the stop"
+    );
+    drop(server);
+    db.drop_database().await;
+}
