@@ -229,7 +229,7 @@ async fn tx(cmd: TxCommand) -> Result<(), BoxError> {
         } => {
             let engine = admin_engine(&db).await?;
             let filter = ListFilter {
-                status,
+                statuses: status.into_iter().collect(),
                 kind,
                 limit,
                 ..ListFilter::default()

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::engine::Engine;
 
+pub mod dtm;
 pub mod error;
 pub mod native;
 
@@ -27,6 +28,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health))
         .merge(native::routes())
+        .merge(dtm::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }

@@ -577,7 +577,7 @@ async fn list(
         ));
     }
     let filter = ListFilter {
-        status,
+        statuses: status.into_iter().collect(),
         kind,
         created_from: q.created_from,
         created_to: q.created_to,

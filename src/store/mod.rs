@@ -124,7 +124,8 @@ pub struct AttemptRecord {
 /// Filters for [`Store::list`]. Results come newest first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListFilter {
-    pub status: Option<Status>,
+    /// Any of these statuses; empty means all.
+    pub statuses: Vec<Status>,
     pub kind: Option<Kind>,
     pub created_from: Option<Millis>,
     pub created_to: Option<Millis>,

@@ -533,8 +533,9 @@ where
 
     async fn list(&self, filter: &ListFilter) -> Result<Page> {
         let mut sql = format!("SELECT {GLOBAL_COLUMNS} FROM idem_global WHERE 1 = 1");
-        if filter.status.is_some() {
-            sql.push_str(" AND status = ?");
+        if !filter.statuses.is_empty() {
+            let marks = vec!["?"; filter.statuses.len()].join(", ");
+            sql.push_str(&format!(" AND status IN ({marks})"));
         }
         if filter.kind.is_some() {
             sql.push_str(" AND kind = ?");
@@ -552,7 +553,7 @@ where
         let sql = self.sql.dynamic(&sql);
         let limit = filter.limit.clamp(1, 1_000);
         let mut query = sqlx::query_as::<DB, GlobalRow>(sqlx::AssertSqlSafe(sql));
-        if let Some(status) = filter.status {
+        for status in &filter.statuses {
             query = query.bind(status.as_str());
         }
         if let Some(kind) = filter.kind {

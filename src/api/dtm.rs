@@ -1,0 +1,854 @@
+//! DTM's HTTP API (`/api/dtmsvr/...`), served by the same engine, so that DTM's client
+//! SDKs drive idem by changing one URL.
+//!
+//! Shapes follow dtm-labs/dtm (v1.19): request bodies are DTM's `TransGlobal` JSON, answers
+//! use its envelope (`{"dtm_result":"SUCCESS"}`, 409 `FAILURE`, 425 `ONGOING`). Where idem
+//! deliberately differs it is stricter, never looser: a client mistake is a 4xx with a
+//! message (DTM answers 500 or panics), a gid reused with a different body is a 409, and
+//! retries are capped and end in `stalled`. The list is in README.md, "Coming from DTM".
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::ApiError;
+use super::native::{check_id, check_url, parse_orders};
+use crate::core::{
+    Action, Branch, BranchStatus, Kind, Millis, Protocol, SagaStep, Status, TxOptions,
+};
+use crate::engine::{EngineError, NewPrepared, NewSaga};
+use crate::store::{ListFilter, StoredTx};
+
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/api/ping", any(ping))
+        .route("/api/dtmsvr/version", get(version))
+        .route("/api/dtmsvr/newGid", get(new_gid))
+        .route("/api/dtmsvr/prepare", post(prepare))
+        .route("/api/dtmsvr/submit", post(submit))
+        .route("/api/dtmsvr/abort", post(abort))
+        .route("/api/dtmsvr/forceStop", post(force_stop))
+        .route("/api/dtmsvr/registerBranch", post(register_branch))
+        .route("/api/dtmsvr/registerTccBranch", post(register_branch))
+        .route("/api/dtmsvr/registerXaBranch", post(register_xa))
+        .route("/api/dtmsvr/query", get(query))
+        .route("/api/dtmsvr/all", get(all))
+}
+
+// ---- envelope --------------------------------------------------------------------------
+
+/// An answer in DTM's envelope.
+pub struct DtmResponse(StatusCode, Value);
+
+impl IntoResponse for DtmResponse {
+    fn into_response(self) -> Response {
+        (self.0, Json(self.1)).into_response()
+    }
+}
+
+fn success() -> DtmResponse {
+    DtmResponse(StatusCode::OK, json!({"dtm_result": "SUCCESS"}))
+}
+
+fn failure(message: impl Into<String>) -> DtmResponse {
+    DtmResponse(
+        StatusCode::CONFLICT,
+        json!({"dtm_result": "FAILURE", "message": message.into()}),
+    )
+}
+
+fn ongoing(message: impl Into<String>) -> DtmResponse {
+    DtmResponse(
+        StatusCode::TOO_EARLY,
+        json!({"dtm_result": "ONGOING", "message": message.into()}),
+    )
+}
+
+/// An error in DTM's envelope. 409 and 425 carry `dtm_result`, since DTM clients read it;
+/// other client mistakes must not (a body containing `FAILURE` reads as a business
+/// failure to them), and carry idem's error code instead.
+pub struct DtmError(ApiError);
+
+impl From<ApiError> for DtmError {
+    fn from(e: ApiError) -> Self {
+        DtmError(e)
+    }
+}
+
+impl From<EngineError> for DtmError {
+    fn from(e: EngineError) -> Self {
+        DtmError(ApiError::from(e))
+    }
+}
+
+impl IntoResponse for DtmError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let error = json!({"code": e.code, "message": e.message});
+        let body = match e.status {
+            StatusCode::CONFLICT => {
+                json!({"dtm_result": "FAILURE", "message": e.message, "error": error})
+            }
+            StatusCode::TOO_EARLY => {
+                json!({"dtm_result": "ONGOING", "message": e.message, "error": error})
+            }
+            _ => json!({"message": e.message, "error": error}),
+        };
+        (e.status, Json(body)).into_response()
+    }
+}
+
+type DtmResult = Result<DtmResponse, DtmError>;
+
+// ---- requests --------------------------------------------------------------------------
+
+/// DTM's `TransGlobal` as clients send it. Every field may be absent or `null`; unknown
+/// keys (such as the obsolete `passthrough_headers`) are ignored.
+#[derive(Debug, Default, Deserialize)]
+struct TransRequest {
+    gid: Option<String>,
+    trans_type: Option<String>,
+    steps: Option<Vec<BTreeMap<String, Option<String>>>>,
+    payloads: Option<Vec<Option<String>>>,
+    custom_data: Option<String>,
+    wait_result: Option<bool>,
+    /// Seconds.
+    timeout_to_fail: Option<i64>,
+    /// Seconds.
+    request_timeout: Option<i64>,
+    /// Seconds.
+    retry_interval: Option<i64>,
+    retry_limit: Option<i64>,
+    branch_headers: Option<BTreeMap<String, String>>,
+    query_prepared: Option<String>,
+    rollback_reason: Option<String>,
+}
+
+/// What of a request makes its identity (hashed to recognise a repeat): the fields that
+/// change what happens, with DTM's "zero means unset" applied, so `null`, `0` and absence
+/// hash alike.
+#[derive(Debug, Serialize)]
+struct Identity<'a> {
+    gid: &'a str,
+    trans_type: &'a str,
+    steps: Vec<(String, String, String)>,
+    custom_data: Option<&'a str>,
+    timeout_to_fail: Option<i64>,
+    request_timeout: Option<i64>,
+    retry_interval: Option<i64>,
+    retry_limit: Option<i64>,
+    branch_headers: BTreeMap<String, String>,
+    query_prepared: Option<&'a str>,
+}
+
+/// A parsed and checked request.
+struct Trans {
+    gid: String,
+    kind: Kind,
+    /// (action, compensate, payload) per step.
+    steps: Vec<(String, String, String)>,
+    options: TxOptions,
+    query_prepared: Option<String>,
+    wait_result: bool,
+    reason: Option<String>,
+    identity: Value,
+}
+
+fn positive(v: Option<i64>) -> Option<i64> {
+    v.filter(|&v| v > 0)
+}
+
+fn parse(body: Result<Bytes, BytesRejection>, defaults: &TxOptions) -> Result<Trans, DtmError> {
+    let (req, _): (TransRequest, Value) = super::native::parse_body(body, None)?;
+    let gid = req
+        .gid
+        .clone()
+        .filter(|g| !g.is_empty())
+        .ok_or_else(|| ApiError::bad_request("missing_gid", "gid is required"))?;
+    check_id("gid", "invalid_gid", &gid)?;
+    let trans_type = req.trans_type.clone().unwrap_or_default();
+    let kind = match trans_type.as_str() {
+        "saga" => Kind::Saga,
+        "tcc" => Kind::Tcc,
+        "msg" => Kind::Msg,
+        "xa" | "workflow" => {
+            return Err(ApiError::bad_request(
+                "unsupported",
+                format!(
+                    "trans_type {trans_type:?} is not supported by idem (saga, tcc and msg are)"
+                ),
+            )
+            .into());
+        }
+        "" => return Err(ApiError::bad_request("unknown_kind", "trans_type is required").into()),
+        other => {
+            return Err(ApiError::bad_request(
+                "unknown_kind",
+                format!("trans_type must be saga, tcc or msg (got {other:?})"),
+            )
+            .into());
+        }
+    };
+
+    let raw_steps = req.steps.clone().unwrap_or_default();
+    let payloads = req.payloads.clone().unwrap_or_default();
+    let mut steps = Vec::with_capacity(raw_steps.len());
+    for (i, step) in raw_steps.iter().enumerate() {
+        let field = |name: &str| step.get(name).cloned().flatten().unwrap_or_default();
+        let action = field("action");
+        check_url(&format!("steps[{i}].action"), &action)?;
+        let compensate = field("compensate");
+        if kind == Kind::Saga {
+            check_url(&format!("steps[{i}].compensate"), &compensate)?;
+        }
+        // `payloads[i]` is the body; DTM's legacy `steps[i].data` is accepted too.
+        let payload = payloads
+            .get(i)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| field("data"));
+        steps.push((action, compensate, payload));
+    }
+    if let Some(url) = &req.query_prepared
+        && !url.is_empty()
+    {
+        check_url("query_prepared", url)?;
+    }
+
+    let mut options = defaults.clone();
+    options.protocol = Protocol::Dtm;
+    let seconds = |name: &str, v: i64| -> Result<u64, ApiError> {
+        (v as u64)
+            .checked_mul(1_000)
+            .filter(|&ms| ms <= 86_400_000)
+            .ok_or_else(|| {
+                ApiError::bad_request("invalid_options", format!("{name} is too large: {v}"))
+            })
+    };
+    if let Some(v) = positive(req.timeout_to_fail) {
+        options.timeout_ms = Some(seconds("timeout_to_fail", v)?);
+    }
+    if let Some(v) = positive(req.request_timeout) {
+        options.request_timeout_ms = seconds("request_timeout", v)?;
+    }
+    if let Some(v) = positive(req.retry_interval) {
+        options.retry_interval_ms = seconds("retry_interval", v)?;
+    }
+    if let Some(v) = positive(req.retry_limit) {
+        options.max_attempts = u32::try_from(v).unwrap_or(u32::MAX).min(10_000);
+    }
+    if let Some(headers) = &req.branch_headers {
+        for name in headers.keys() {
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(ApiError::bad_request(
+                    "invalid_options",
+                    format!("branch_headers has an invalid header name {name:?}"),
+                )
+                .into());
+            }
+        }
+        options.branch_headers.extend(headers.clone());
+    }
+    if let Some(custom) = req.custom_data.as_deref().filter(|c| !c.is_empty()) {
+        apply_custom_data(kind, custom, steps.len(), &mut options)?;
+    }
+
+    let identity = serde_json::to_value(Identity {
+        gid: &gid,
+        trans_type: &trans_type,
+        steps: steps.clone(),
+        custom_data: req.custom_data.as_deref().filter(|c| !c.is_empty()),
+        timeout_to_fail: positive(req.timeout_to_fail),
+        request_timeout: positive(req.request_timeout),
+        retry_interval: positive(req.retry_interval),
+        retry_limit: positive(req.retry_limit),
+        branch_headers: req.branch_headers.clone().unwrap_or_default(),
+        query_prepared: req.query_prepared.as_deref().filter(|q| !q.is_empty()),
+    })
+    .expect("serialisable");
+    Ok(Trans {
+        gid,
+        kind,
+        steps,
+        options,
+        query_prepared: req.query_prepared.filter(|q| !q.is_empty()),
+        wait_result: req.wait_result.unwrap_or(false),
+        reason: req.rollback_reason,
+        identity,
+    })
+}
+
+/// `custom_data` is a JSON string. Saga: `{"orders": {"1": [0]}, "concurrent": true}`
+/// (0-based step indexes). Msg: `{"delay": seconds}` is not supported.
+fn apply_custom_data(
+    kind: Kind,
+    custom: &str,
+    steps: usize,
+    options: &mut TxOptions,
+) -> Result<(), ApiError> {
+    #[derive(Deserialize)]
+    struct Custom {
+        #[serde(default)]
+        orders: BTreeMap<String, Vec<usize>>,
+        #[serde(default)]
+        concurrent: bool,
+        delay: Option<i64>,
+    }
+    let bad = |m: String| ApiError::bad_request("invalid_custom_data", m);
+    let custom: Custom = serde_json::from_str(custom)
+        .map_err(|e| bad(format!("custom_data is not the JSON idem expects: {e}")))?;
+    if custom.delay.is_some_and(|d| d > 0) {
+        return Err(bad(
+            "custom_data.delay (delayed messages) is not supported".into()
+        ));
+    }
+    if kind == Kind::Saga {
+        options.concurrent = custom.concurrent;
+        options.orders = parse_orders(custom.orders, steps).map_err(bad)?;
+    }
+    Ok(())
+}
+
+// ---- handlers --------------------------------------------------------------------------
+
+async fn ping() -> Json<Value> {
+    Json(json!({"msg": "pong"}))
+}
+
+async fn version() -> Json<Value> {
+    Json(json!({"version": concat!("idem-", env!("CARGO_PKG_VERSION"))}))
+}
+
+async fn new_gid() -> Json<Value> {
+    Json(json!({"gid": uuid::Uuid::new_v4().simple().to_string(), "dtm_result": "SUCCESS"}))
+}
+
+async fn prepare(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> DtmResult {
+    let t = parse(body, &app.engine.config().defaults)?;
+    if t.kind == Kind::Saga {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            "prepare is for tcc and msg; submit a saga directly",
+        )
+        .into());
+    }
+    let outcome = create_prepared(&app, &t).await?;
+    if outcome.tx.status != Status::Prepared {
+        return Ok(failure(format!(
+            "current status '{}', cannot prepare",
+            dtm_status(outcome.tx.status)
+        )));
+    }
+    Ok(success())
+}
+
+async fn create_prepared(app: &AppState, t: &Trans) -> Result<StoredTx, DtmError> {
+    if t.kind == Kind::Msg && t.steps.is_empty() {
+        return Err(ApiError::bad_request("empty_steps", "a msg needs at least one step").into());
+    }
+    let created = app
+        .engine
+        .create_prepared(NewPrepared {
+            gid: t.gid.clone(),
+            kind: t.kind,
+            options: t.options.clone(),
+            msg_steps: t
+                .steps
+                .iter()
+                .map(|(a, _, p)| (a.clone(), p.clone()))
+                .collect(),
+            query_prepared: t.query_prepared.clone(),
+            request: t.identity.clone(),
+        })
+        .await?;
+    Ok(created.stored)
+}
+
+async fn submit(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> DtmResult {
+    let t = parse(body, &app.engine.config().defaults)?;
+    match t.kind {
+        Kind::Saga => {
+            if t.steps.is_empty() {
+                return Err(
+                    ApiError::bad_request("empty_steps", "a saga needs at least one step").into(),
+                );
+            }
+            let steps = t
+                .steps
+                .iter()
+                .map(|(action, compensate, payload)| SagaStep {
+                    action: action.clone(),
+                    compensate: compensate.clone(),
+                    payload: payload.clone(),
+                })
+                .collect();
+            app.engine
+                .create_saga(NewSaga {
+                    gid: t.gid.clone(),
+                    steps,
+                    options: t.options.clone(),
+                    request: t.identity.clone(),
+                })
+                .await?;
+        }
+        Kind::Tcc => {
+            app.engine.submit(&t.gid).await?;
+        }
+        Kind::Msg => {
+            // DTM lets a msg be submitted without a prepare; then this creates it.
+            create_prepared(&app, &t).await?;
+            app.engine.submit(&t.gid).await?;
+        }
+    }
+    finish(&app, &t).await
+}
+
+async fn abort(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> DtmResult {
+    let t = parse(body, &app.engine.config().defaults)?;
+    let reason = t
+        .reason
+        .clone()
+        .unwrap_or_else(|| "aborted by the client".into());
+    app.engine.abort(&t.gid, &reason).await?;
+    finish(&app, &t).await
+}
+
+/// With `wait_result`, answers with the outcome: SUCCESS once succeeded, FAILURE (with
+/// the reason) once failed, ONGOING if it is still going or stalled when the wait ends.
+async fn finish(app: &AppState, t: &Trans) -> DtmResult {
+    if !t.wait_result {
+        return Ok(success());
+    }
+    let stored = app.engine.wait_settled(&t.gid, app.wait_timeout).await?;
+    Ok(match stored.tx.status {
+        Status::Succeeded => success(),
+        Status::Failed => failure(stored.tx.reason.unwrap_or_else(|| "failed".into())),
+        other => ongoing(format!(
+            "the transaction is {other}{}",
+            stored
+                .tx
+                .last_error
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        )),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+struct GidOnly {
+    gid: Option<String>,
+    rollback_reason: Option<String>,
+}
+
+async fn force_stop(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> DtmResult {
+    let (req, _): (GidOnly, Value) = super::native::parse_body(body, None)?;
+    let gid = req
+        .gid
+        .filter(|g| !g.is_empty())
+        .ok_or_else(|| ApiError::bad_request("missing_gid", "gid is required"))?;
+    check_id("gid", "invalid_gid", &gid)?;
+    let reason = req
+        .rollback_reason
+        .unwrap_or_else(|| "force-stopped".into());
+    app.engine.force_stop(&gid, &reason).await?;
+    Ok(success())
+}
+
+async fn register_xa() -> DtmError {
+    DtmError(ApiError::bad_request(
+        "unsupported",
+        "XA is not supported by idem; use TCC or saga",
+    ))
+}
+
+async fn register_branch(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> DtmResult {
+    let (fields, _): (BTreeMap<String, Value>, Value) = super::native::parse_body(body, None)?;
+    // DTM binds this body into map[string]string: every value must be a string.
+    let mut data = BTreeMap::new();
+    for (key, value) in fields {
+        match value {
+            Value::String(s) => {
+                data.insert(key, s);
+            }
+            Value::Null => {}
+            other => {
+                return Err(ApiError::bad_request(
+                    "invalid_json",
+                    format!("registerBranch takes string values; {key} is {other}"),
+                )
+                .into());
+            }
+        }
+    }
+    let get = |k: &str| data.get(k).cloned().unwrap_or_default();
+    let gid = get("gid");
+    if gid.is_empty() {
+        return Err(ApiError::bad_request("missing_gid", "gid is required").into());
+    }
+    check_id("gid", "invalid_gid", &gid)?;
+    let branch_id = get("branch_id");
+    check_id("branch_id", "invalid_branch_id", &branch_id)?;
+    match get("trans_type").as_str() {
+        "tcc" => {}
+        "xa" => return Err(register_xa().await),
+        other => {
+            return Err(ApiError::bad_request(
+                "unknown_kind",
+                format!("registerBranch takes trans_type tcc (got {other:?})"),
+            )
+            .into());
+        }
+    }
+    let (confirm, cancel) = (get("confirm"), get("cancel"));
+    check_url("confirm", &confirm)?;
+    check_url("cancel", &cancel)?;
+    let payload = get("data");
+    let now = app.engine.now();
+    let branches = vec![
+        Branch::new(&branch_id, Action::Confirm, 0, confirm, &payload, now),
+        Branch::new(&branch_id, Action::Cancel, 0, cancel, &payload, now),
+    ];
+    match app.engine.register(&gid, branches).await {
+        Ok(()) => Ok(success()),
+        Err(EngineError::NotPrepared(status)) => Ok(failure(format!(
+            "no trans with gid: {gid} status: prepared found (it is {})",
+            dtm_status(status)
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct QueryParams {
+    gid: Option<String>,
+}
+
+async fn query(
+    State(app): State<Arc<AppState>>,
+    params: Result<Query<QueryParams>, QueryRejection>,
+) -> DtmResult {
+    let Query(params) =
+        params.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let gid = params
+        .gid
+        .filter(|g| !g.is_empty())
+        .ok_or_else(|| ApiError::bad_request("missing_gid", "no gid specified"))?;
+    let Some(stored) = app
+        .engine
+        .store()
+        .load(&gid)
+        .await
+        .map_err(EngineError::from)?
+    else {
+        return Ok(DtmResponse(
+            StatusCode::OK,
+            json!({"transaction": null, "branches": []}),
+        ));
+    };
+    let branches: Vec<Value> = stored
+        .tx
+        .branches
+        .iter()
+        .filter(|b| b.action != Action::QueryPrepared)
+        .map(|b| branch_view(&stored.tx.gid, b))
+        .collect();
+    Ok(DtmResponse(
+        StatusCode::OK,
+        json!({"transaction": global_view(&stored), "branches": branches}),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+struct AllParams {
+    position: Option<String>,
+    limit: Option<u32>,
+    status: Option<String>,
+    #[serde(rename = "transType")]
+    trans_type: Option<String>,
+    #[serde(rename = "createTimeStart")]
+    create_time_start: Option<Millis>,
+    #[serde(rename = "createTimeEnd")]
+    create_time_end: Option<Millis>,
+}
+
+async fn all(
+    State(app): State<Arc<AppState>>,
+    params: Result<Query<AllParams>, QueryRejection>,
+) -> DtmResult {
+    let Query(p) = params.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let statuses = p
+        .status
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            from_dtm_status(&s).ok_or_else(|| {
+                ApiError::bad_request("invalid_query", format!("unknown status {s:?}"))
+            })
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let kind = p
+        .trans_type
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<Kind>()
+                .map_err(|e| ApiError::bad_request("invalid_query", e.to_string()))
+        })
+        .transpose()?;
+    let after = match p.position.filter(|s| !s.is_empty()) {
+        None => None,
+        Some(position) => {
+            let bad = || {
+                ApiError::bad_request(
+                    "invalid_query",
+                    format!("position {position:?} is not one this server gave"),
+                )
+            };
+            let (at, gid) = position.split_once(':').ok_or_else(bad)?;
+            Some((at.parse().map_err(|_| bad())?, gid.to_owned()))
+        }
+    };
+    let filter = ListFilter {
+        statuses,
+        kind,
+        created_from: p.create_time_start,
+        created_to: p.create_time_end,
+        after,
+        limit: p.limit.unwrap_or(100).clamp(1, 1_000),
+    };
+    let page = app
+        .engine
+        .store()
+        .list(&filter)
+        .await
+        .map_err(EngineError::from)?;
+    let transactions: Vec<Value> = page.items.iter().map(global_view).collect();
+    let next = page
+        .next
+        .map(|(at, gid)| format!("{at}:{gid}"))
+        .unwrap_or_default();
+    Ok(DtmResponse(
+        StatusCode::OK,
+        json!({"transactions": transactions, "next_position": next}),
+    ))
+}
+
+// ---- views -----------------------------------------------------------------------------
+
+/// DTM's name for a status. `stalled` has no DTM equivalent and is shown as such.
+pub fn dtm_status(status: Status) -> &'static str {
+    match status {
+        Status::Prepared => "prepared",
+        Status::Running | Status::Committing => "submitted",
+        Status::Aborting => "aborting",
+        Status::Succeeded => "succeed",
+        Status::Failed => "failed",
+        Status::Stalled => "stalled",
+    }
+}
+
+/// The statuses a DTM status name selects (`submitted` is idem's running and committing).
+fn from_dtm_status(name: &str) -> Option<Vec<Status>> {
+    Some(match name {
+        "prepared" => vec![Status::Prepared],
+        "submitted" => vec![Status::Running, Status::Committing],
+        "aborting" => vec![Status::Aborting],
+        "succeed" => vec![Status::Succeeded],
+        "failed" => vec![Status::Failed],
+        "stalled" => vec![Status::Stalled],
+        other => return other.parse().ok().map(|s| vec![s]),
+    })
+}
+
+fn global_view(stored: &StoredTx) -> Value {
+    let tx = &stored.tx;
+    let actions: Vec<&Branch> = tx
+        .branches
+        .iter()
+        .filter(|b| b.action == Action::Action)
+        .collect();
+    let steps: Vec<Value> = actions
+        .iter()
+        .map(|a| {
+            let compensate = tx
+                .branches
+                .iter()
+                .find(|b| b.action == Action::Compensate && b.branch_id == a.branch_id);
+            match compensate {
+                Some(c) => json!({"action": a.url, "compensate": c.url}),
+                None => json!({"action": a.url}),
+            }
+        })
+        .collect();
+    let payloads: Vec<&str> = actions.iter().map(|a| a.payload.as_str()).collect();
+    let query_prepared = tx
+        .branches
+        .iter()
+        .find(|b| b.action == Action::QueryPrepared)
+        .map(|b| b.url.as_str());
+    let mut view = json!({
+        "gid": tx.gid,
+        "trans_type": tx.kind.as_str(),
+        "status": dtm_status(tx.status),
+        "protocol": "http",
+        "create_time": rfc3339(tx.created_at),
+        "update_time": rfc3339(tx.updated_at),
+        "options": serde_json::to_string(&json!({
+            "timeout_to_fail": tx.options.timeout_ms.map(|t| t / 1_000),
+            "request_timeout": tx.options.request_timeout_ms / 1_000,
+            "retry_interval": tx.options.retry_interval_ms / 1_000,
+            "retry_limit": tx.options.max_attempts,
+            "branch_headers": tx.options.branch_headers,
+        })).expect("serialisable"),
+        // idem's additions: retry count, last error, and why it stalled.
+        "retry_count": tx.attempts,
+        "last_error": tx.last_error,
+    });
+    let map = view.as_object_mut().expect("object");
+    if !steps.is_empty() {
+        map.insert("steps".into(), json!(steps));
+        map.insert("payloads".into(), json!(payloads));
+    }
+    if let Some(q) = query_prepared {
+        map.insert("query_prepared".into(), json!(q));
+    }
+    if let Some(at) = tx.finished_at {
+        map.insert("finish_time".into(), json!(rfc3339(at)));
+    }
+    if let (Status::Failed | Status::Aborting, Some(reason)) = (tx.status, &tx.reason) {
+        map.insert("rollback_reason".into(), json!(reason));
+    }
+    if let Some(at) = tx.next_attempt_at {
+        map.insert("next_cron_time".into(), json!(rfc3339(at)));
+    }
+    if let Some(from) = tx.stalled_from {
+        map.insert("stalled_from".into(), json!(dtm_status(from)));
+    }
+    if tx.options.concurrent {
+        map.insert(
+            "custom_data".into(),
+            json!(
+                serde_json::to_string(&json!({"orders": tx.options.orders, "concurrent": true}))
+                    .expect("serialisable")
+            ),
+        );
+    }
+    view
+}
+
+fn branch_view(gid: &str, b: &Branch) -> Value {
+    let status = match b.status {
+        BranchStatus::Succeeded => "succeed",
+        BranchStatus::Failed => "failed",
+        BranchStatus::Pending | BranchStatus::Skipped => "prepared",
+    };
+    let mut view = json!({
+        "gid": gid,
+        "url": b.url,
+        "bin_data": base64(b.payload.as_bytes()),
+        "branch_id": b.branch_id,
+        "op": b.action.op(),
+        "status": status,
+        "update_time": rfc3339(b.updated_at),
+        "attempts": b.attempts,
+        "last_error": b.last_error,
+    });
+    if let Some(at) = b.finished_at {
+        view["finish_time"] = json!(rfc3339(at));
+    }
+    view
+}
+
+/// Go marshals `[]byte` as standard base64.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | (b as u32) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Milliseconds since the epoch as RFC 3339 in UTC, as Go renders a `time.Time`.
+pub fn rfc3339(ms: Millis) -> String {
+    let secs = ms.div_euclid(1_000);
+    let millis = ms.rem_euclid(1_000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3_600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_render_like_go() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(1_796_006_802_500), "2026-11-30T02:46:42.500Z");
+    }
+
+    #[test]
+    fn base64_matches_go() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(br#"{"amount": 30}"#), "eyJhbW91bnQiOiAzMH0=");
+    }
+
+    #[test]
+    fn statuses_map_both_ways() {
+        for s in Status::ALL {
+            let back = from_dtm_status(dtm_status(s)).unwrap();
+            assert!(back.contains(&s), "{s}");
+        }
+    }
+}
