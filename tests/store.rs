@@ -453,7 +453,7 @@ async fn list_filters_and_pages() {
         assert_eq!(seen, ["s6", "s5", "s4", "s3", "s2", "s1", "s0"], "{b}");
         let prepared = store
             .list(&ListFilter {
-                status: Some(Status::Prepared),
+                statuses: vec![Status::Prepared],
                 created_from: Some(T0 + 2),
                 created_to: Some(T0 + 4),
                 limit: 100,
