@@ -28,6 +28,7 @@ struct Rule {
     remaining: usize,
     status: u16,
     delay: Duration,
+    body: Option<String>,
 }
 
 #[derive(Default)]
@@ -72,7 +73,8 @@ async fn handle(
             r.clone()
         })
     };
-    let (status, delay) = rule.map_or((200, Duration::ZERO), |r| (r.status, r.delay));
+    let (status, delay, answer) =
+        rule.map_or((200, Duration::ZERO, None), |r| (r.status, r.delay, r.body));
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
@@ -86,7 +88,8 @@ async fn handle(
     });
     inner.changed.notify_waiters();
     let status = StatusCode::from_u16(status).unwrap();
-    (status, format!("{{\"status\":{}}}", status.as_u16()))
+    let answer = answer.unwrap_or_else(|| format!("{{\"status\":{}}}", status.as_u16()));
+    (status, answer)
 }
 
 impl Recorder {
@@ -118,14 +121,31 @@ impl Recorder {
         self.rule(path, gid, times, 200, delay);
     }
 
+    /// The next `times` calls to `path` answer `status` with `body`.
+    pub fn answer_body(&self, path: &str, times: usize, status: u16, body: &str) {
+        self.push(Rule {
+            path: path.into(),
+            gid: None,
+            remaining: times,
+            status,
+            delay: Duration::ZERO,
+            body: Some(body.into()),
+        });
+    }
+
     fn rule(&self, path: &str, gid: Option<&str>, times: usize, status: u16, delay: Duration) {
-        self.inner.rules.lock().unwrap().push(Rule {
+        self.push(Rule {
             path: path.into(),
             gid: gid.map(Into::into),
             remaining: times,
             status,
             delay,
+            body: None,
         });
+    }
+
+    fn push(&self, rule: Rule) {
+        self.inner.rules.lock().unwrap().push(rule);
     }
 
     pub fn calls(&self) -> Vec<Call> {
