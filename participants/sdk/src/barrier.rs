@@ -6,17 +6,16 @@
 //! Everything happens inside the participant's own local transaction, so the barrier rows
 //! and the business change commit or roll back together.
 //!
-//! 1. A compensating op (Cancel, compensate) first inserts-if-absent the row of the op it
+//! 1. Every op inserts-if-absent its own row (gid, branch_id, op, step), `reason` = the op.
+//! 2. If the row existed, the closure does not run: the row says whether this is a
+//!    duplicate (return the stored first result), a repeated empty rollback, or a forward call
+//!    arriving after its compensation (the row was inserted by the compensation: *rejected*).
+//! 3. A compensating op (Cancel, compensate) then inserts-if-absent the row of the op it
 //!    undoes (Try, action), with `reason` = its own name. If that insert succeeds, the forward
-//!    step never ran: this is an *empty rollback*, and the row just inserted is the guard that
-//!    turns a late forward call away.
-//! 2. Every op inserts-if-absent its own row.
-//! 3. If its own row was new, the closure runs (unless this is an empty rollback) and its
-//!    result is stored in the row, as JSON.
-//! 4. If its own row existed, the closure does not run: the row says whether this is a
-//!    duplicate (return the stored first result), a duplicate empty rollback, or a forward
-//!    call arriving after its compensation (the row was inserted by the compensation:
-//!    *rejected*).
+//!    step never ran: this is an *empty rollback* (recorded, closure not run), and the row
+//!    just inserted is the guard that turns the late forward call away, now and on every
+//!    retry.
+//! 4. Otherwise the closure runs, and its result is stored in the op's row as JSON.
 //!
 //! A Cancel racing its Try is serialised by the unique index on the Try row: whichever
 //! inserts it first holds it until commit, and the other one waits on the index and then
@@ -697,9 +696,24 @@ impl Barrier {
         let this: &Barrier = this;
         let mut guard = slot.lock().await;
         let conn = guard.conn();
-        let origin_inserted = match this.op.origin() {
-            Some(origin) => {
-                insert_if_absent::<DB>(
+        // The op's own row first. A duplicate stops here, and a compensation that inserts
+        // its own row before the guard never needs a gap lock in front of a forward call
+        // that is already waiting on the guard: on InnoDB, `cancel` sorts before `try` in the
+        // unique index, and inserting the guard first then the Cancel row into the gap in
+        // front of it deadlocked against every Try queued on the guard.
+        let inserted = insert_if_absent::<DB>(
+            conn,
+            dialect,
+            this,
+            this.op,
+            this.op.as_str(),
+            outcome_col::RUNNING,
+        )
+        .await?;
+
+        if inserted {
+            if let Some(origin) = this.op.origin() {
+                let origin_inserted = insert_if_absent::<DB>(
                     conn,
                     dialect,
                     this,
@@ -707,23 +721,14 @@ impl Barrier {
                     this.op.as_str(),
                     outcome_col::GUARD,
                 )
-                .await?
-            }
-            None => false,
-        };
-        let fresh = if origin_inserted {
-            outcome_col::EMPTY_ROLLBACK
-        } else {
-            outcome_col::RUNNING
-        };
-        let inserted =
-            insert_if_absent::<DB>(conn, dialect, this, this.op, this.op.as_str(), fresh).await?;
-
-        if inserted {
-            if origin_inserted {
-                tracing::info!(gid = %this.gid, branch_id = %this.branch_id, op = %this.op,
-                    "empty rollback: the step it undoes never ran");
-                return Ok(Outcome::EmptyRollback);
+                .await?;
+                if origin_inserted {
+                    set_outcome::<DB>(conn, dialect, this, outcome_col::EMPTY_ROLLBACK, None)
+                        .await?;
+                    tracing::info!(gid = %this.gid, branch_id = %this.branch_id, op = %this.op,
+                        "empty rollback: the step it undoes never ran");
+                    return Ok(Outcome::EmptyRollback);
+                }
             }
             // Hand the connection to the closure: release the lock, give it a handle.
             drop(guard);
@@ -738,28 +743,7 @@ impl Barrier {
             let json = serde_json::to_string(&value).map_err(|e| {
                 ParticipantError::internal(format!("cannot store the step's result: {e}"))
             })?;
-            let sql = dialect.rewrite(&format!(
-                "UPDATE {} SET outcome = ?, result = ? WHERE gid = ? AND branch_id = ? AND op = ? AND barrier_id = ?",
-                this.table
-            ));
-            let updated = DB::exec(
-                conn,
-                sql,
-                vec![
-                    Arg::Text(outcome_col::EXECUTED.into()),
-                    Arg::OptText(Some(json)),
-                    Arg::Text(this.gid.clone()),
-                    Arg::Text(this.branch_id.clone()),
-                    Arg::Text(this.op.as_str().into()),
-                    Arg::Text(this.barrier_id()),
-                ],
-            )
-            .await?;
-            if updated != 1 {
-                return Err(ParticipantError::internal(format!(
-                    "storing the result updated {updated} barrier rows, expected 1"
-                )));
-            }
+            set_outcome::<DB>(conn, dialect, this, outcome_col::EXECUTED, Some(json)).await?;
             return Ok(Outcome::Executed(value));
         }
 
@@ -831,6 +815,39 @@ async fn insert_if_absent<DB: BarrierDatabase>(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Records how this call's own row ended (it was inserted as `running`).
+async fn set_outcome<DB: BarrierDatabase>(
+    conn: &mut DB::Connection,
+    dialect: Dialect,
+    barrier: &Barrier,
+    outcome: &str,
+    result: Option<String>,
+) -> Result<(), ParticipantError> {
+    let sql = format!(
+        "UPDATE {} SET outcome = ?, result = ? WHERE gid = ? AND branch_id = ? AND op = ? AND barrier_id = ?",
+        barrier.table
+    );
+    let updated = DB::exec(
+        conn,
+        dialect.rewrite(&sql),
+        vec![
+            Arg::Text(outcome.into()),
+            Arg::OptText(result),
+            Arg::Text(barrier.gid.clone()),
+            Arg::Text(barrier.branch_id.clone()),
+            Arg::Text(barrier.op.as_str().into()),
+            Arg::Text(barrier.barrier_id()),
+        ],
+    )
+    .await?;
+    if updated != 1 {
+        return Err(ParticipantError::internal(format!(
+            "recording the outcome updated {updated} barrier rows, expected 1"
+        )));
+    }
+    Ok(())
 }
 
 /// Reads (reason, outcome, result) of the barrier row of `op`.

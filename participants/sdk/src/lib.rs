@@ -48,6 +48,7 @@ pub use http::{BranchCall, Payload};
 pub use schema::{
     BarrierRecord, MsgState, barrier_ddl, barrier_records, barrier_records_in,
     create_barrier_table, create_barrier_table_named, purge_barriers, query_prepared,
+    split_sql_script,
 };
 
 use std::time::Duration;

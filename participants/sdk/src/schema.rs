@@ -23,15 +23,16 @@ pub fn barrier_ddl(dialect: Dialect, table: &str) -> Result<Vec<String>, String>
         Dialect::Postgres => POSTGRES_DDL,
         Dialect::Mysql => MYSQL_DDL,
     };
-    Ok(split_statements(text)
+    Ok(split_sql_script(text)
         .into_iter()
         .map(|s| s.replace(DEFAULT_TABLE, table))
         .collect())
 }
 
-/// Splits a DDL file on `;` at line ends, dropping `--` comment lines. The barrier's DDL has
-/// no semicolons inside literals, which is all this needs to handle.
-fn split_statements(text: &str) -> Vec<String> {
+/// Splits a DDL script on `;` at line ends, dropping `--` comment lines, so it can be run
+/// one statement at a time (prepared statements take one each). Meant for simple DDL
+/// files like the barrier's: a `;` ending a line inside a literal would split it.
+pub fn split_sql_script(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
     for line in text.lines() {

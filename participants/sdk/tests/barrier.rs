@@ -588,3 +588,84 @@ async fn keys_are_case_sensitive_and_purge_keeps_recent_rows() {
         db.drop_database().await;
     }
 }
+
+/// Two steps whose business statements lock two rows in opposite orders: the database
+/// detects the deadlock and kills one transaction; the barrier re-runs it, and both steps
+/// succeed without the deadlock reaching the caller. (Not on SQLite: `BEGIN IMMEDIATE`
+/// serialises writers, so it cannot deadlock, and the rendezvous below would wait forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_in_the_business_step_is_retried_not_surfaced() {
+    for db in testing::all("deadlock_is_retried").await {
+        if db.backend == testing::Backend::Sqlite {
+            db.drop_database().await;
+            continue;
+        }
+        let pool = setup(&db).await;
+        sqlx::query("INSERT INTO counters (name, value) VALUES ('a', 0), ('b', 0)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let rendezvous = Arc::new(tokio::sync::Barrier::new(2));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let step = |g: String, first: &'static str, second: &'static str| {
+            let (pool, rendezvous, calls) = (pool.clone(), rendezvous.clone(), calls.clone());
+            tokio::spawn(async move {
+                let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                tcc(&g, Op::Try)
+                    .run(&pool, |tx| {
+                        let (rendezvous, calls, synced) =
+                            (rendezvous.clone(), calls.clone(), synced.clone());
+                        async move {
+                            calls.fetch_add(1, Ordering::SeqCst);
+                            let bump = "UPDATE counters SET value = value + 1 WHERE name = ?";
+                            sqlx::query(tx.sql(bump))
+                                .bind(first)
+                                .execute(&mut *tx.conn())
+                                .await?;
+                            // Only the first attempt meets the other step half-way.
+                            if !synced.swap(true, Ordering::SeqCst) {
+                                rendezvous.wait().await;
+                            }
+                            sqlx::query(tx.sql(bump))
+                                .bind(second)
+                                .execute(&mut *tx.conn())
+                                .await?;
+                            Ok(first.to_owned())
+                        }
+                    })
+                    .await
+            })
+        };
+        let one = step(gid("dl1"), "a", "b");
+        let two = step(gid("dl2"), "b", "a");
+        let (one, two) = (one.await.unwrap(), two.await.unwrap());
+        assert_eq!(
+            one.expect("no deadlock surfaces"),
+            Outcome::Executed("a".into()),
+            "{}",
+            db.backend
+        );
+        assert_eq!(
+            two.expect("no deadlock surfaces"),
+            Outcome::Executed("b".into()),
+            "{}",
+            db.backend
+        );
+        assert!(
+            calls.load(Ordering::SeqCst) >= 3,
+            "{}: one step was re-run",
+            db.backend
+        );
+        let values: Vec<i64> =
+            sqlx::query("SELECT value FROM counters WHERE name IN ('a', 'b') ORDER BY name")
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<i64, _>(0))
+                .collect();
+        assert_eq!(values, vec![2, 2], "{}: each step counted once", db.backend);
+        pool.close().await;
+        db.drop_database().await;
+    }
+}

@@ -1,0 +1,18 @@
+-- Accounts. frozen is money held by open TCC branches; it can never exceed the balance.
+CREATE TABLE IF NOT EXISTS payment_accounts (
+    account VARCHAR(64) NOT NULL PRIMARY KEY,
+    balance BIGINT NOT NULL CHECK (balance >= 0),
+    frozen BIGINT NOT NULL DEFAULT 0,
+    CONSTRAINT payment_accounts_frozen CHECK (frozen >= 0 AND frozen <= balance)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+-- One row per TCC branch that froze money. status: frozen -> debited | released.
+CREATE TABLE IF NOT EXISTS payment_ledger (
+    gid VARCHAR(128) NOT NULL,
+    branch_id VARCHAR(128) NOT NULL,
+    account VARCHAR(64) NOT NULL,
+    amount BIGINT NOT NULL CHECK (amount > 0),
+    status VARCHAR(16) NOT NULL,
+    created_at DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    updated_at DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    PRIMARY KEY (gid, branch_id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
