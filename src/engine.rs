@@ -27,7 +27,7 @@ use crate::core::{
 use crate::store::{
     AttemptRecord, Created, Guard, Lease, Registered, Save, Saved, Store, StoreError, StoredTx,
 };
-use crate::transport::{CallRequest, Transport};
+use crate::transport::{CallRequest, CallResult, Transport};
 
 /// Engine settings; the server's defaults for transaction options are among them.
 #[derive(Clone, Debug)]
@@ -69,6 +69,45 @@ impl Default for EngineConfig {
         }
     }
 }
+
+/// Named points in the driver, reported to the [`Observer`]. Fault plans crash the
+/// process at them to test recovery from exactly there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Point {
+    /// A commit or abort decision is about to be stored.
+    BeforeDecisionStored,
+    /// The decision is stored; no branch has been called yet.
+    AfterDecisionStored,
+    /// A round of calls came back but is not stored yet.
+    AfterCallsBeforeRecord,
+    /// A round's answers are stored.
+    AfterRoundStored,
+}
+
+impl Point {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Point::BeforeDecisionStored => "before_decision_stored",
+            Point::AfterDecisionStored => "after_decision_stored",
+            Point::AfterCallsBeforeRecord => "after_calls_before_record",
+            Point::AfterRoundStored => "after_round_stored",
+        }
+    }
+}
+
+/// Watches the engine: every call and its result, every stored status change, every named
+/// point. Recording and fault injection hang off this; the default does nothing.
+pub trait Observer: Send + Sync + 'static {
+    fn call(&self, _request: &CallRequest, _result: &CallResult, _started_at: Millis) {}
+    fn status(&self, _gid: &str, _from: Status, _to: Status, _at: Millis) {}
+    fn point(&self, _point: Point, _gid: &str) {}
+}
+
+/// The observer that watches nothing.
+pub struct NoObserver;
+
+impl Observer for NoObserver {}
 
 /// A source of the current time, so tests can control it.
 pub trait Clock: Send + Sync + 'static {
@@ -140,6 +179,7 @@ pub struct Engine {
     store: Arc<dyn Store>,
     transport: Arc<dyn Transport>,
     clock: Arc<dyn Clock>,
+    observer: Arc<dyn Observer>,
     config: EngineConfig,
     calls: Semaphore,
     /// Transactions this process drives, with the token it drives them under.
@@ -163,12 +203,21 @@ impl Engine {
             store,
             transport,
             clock,
+            observer: Arc::new(NoObserver),
             config,
             calls,
             driving: Mutex::new(HashMap::new()),
             waiters: Mutex::new(HashMap::new()),
             shutdown: Notify::new(),
         })
+    }
+
+    /// Replaces the observer (before any work starts).
+    pub fn with_observer(self: Arc<Self>, observer: Arc<dyn Observer>) -> Arc<Engine> {
+        let mut engine =
+            Arc::into_inner(self).expect("with_observer is called before the engine is shared");
+        engine.observer = observer;
+        Arc::new(engine)
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -302,10 +351,10 @@ impl Engine {
             .branch(&key)
             .ok_or_else(|| EngineError::InvalidState(CoreError::UnknownBranch(key.clone())))?
             .clone();
-        let result = self
-            .transport
-            .call(&self.call_request(&stored.tx, &branch))
-            .await;
+        let request = self.call_request(&stored.tx, &branch);
+        let started_at = self.clock.now();
+        let result = self.transport.call(&request).await;
+        self.observer.call(&request, &result, started_at);
         let outcome = result.outcome.clone();
         let event = Event::Outcome {
             key,
@@ -378,28 +427,40 @@ impl Engine {
                 .clone()
                 .zip(stored.lease_until)
                 .map(|(token, until)| Lease { token, until });
+            // Work to do: this process takes it. Otherwise, a client request releases the
+            // row (the recovery loop of any server continues it), while recording a Try
+            // answer leaves the owner as it was.
+            let written = match (&lease, take_over) {
+                (Some(lease), _) => Some(lease.clone()),
+                (None, true) => None,
+                (None, false) => keep_owner,
+            };
+            let decision = is_decision(&stored.tx, &t.tx);
+            if decision {
+                self.observer.point(Point::BeforeDecisionStored, gid);
+            }
             let saved = self
                 .store
                 .save(Save {
                     before: &stored.tx,
                     after: &t.tx,
                     guard: Guard::Version(stored.version),
-                    // Work to do: this process takes it. Otherwise the owner stays, so that
-                    // recording a Try answer does not disturb anyone.
-                    lease: lease
-                        .as_ref()
-                        .or(if take_over { None } else { keep_owner.as_ref() }),
+                    lease: written.as_ref(),
                     attempts: &[],
                 })
                 .await?;
             if saved == Saved::Lost {
                 continue;
             }
+            self.observe_status(&stored.tx, &t.tx);
+            if decision {
+                self.observer.point(Point::AfterDecisionStored, gid);
+            }
             let result = StoredTx {
                 tx: t.tx.clone(),
                 version: stored.version + 1,
-                owner_token: lease.as_ref().map(|l| l.token.clone()),
-                lease_until: lease.as_ref().map(|l| l.until),
+                owner_token: written.as_ref().map(|l| l.token.clone()),
+                lease_until: written.as_ref().map(|l| l.until),
                 ..stored
             };
             if let Some(lease) = lease {
@@ -418,6 +479,13 @@ impl Engine {
             return Ok((result, true));
         }
         Err(EngineError::Contention)
+    }
+
+    fn observe_status(&self, before: &Transaction, after: &Transaction) {
+        if before.status != after.status {
+            self.observer
+                .status(&after.gid, before.status, after.status, after.updated_at);
+        }
     }
 
     // ---- waiting ---------------------------------------------------------------------
@@ -484,8 +552,13 @@ impl Engine {
     async fn drive(&self, mut current: Transaction, mut lease: Lease, mut t: Transition) {
         let gid = current.gid.clone();
         let mut attempts: Vec<AttemptRecord> = Vec::new();
+        let mut after_round = false;
         loop {
             if t.persists() {
+                let decision = is_decision(&current, &t.tx);
+                if decision {
+                    self.observer.point(Point::BeforeDecisionStored, &gid);
+                }
                 let now = self.clock.now();
                 let next_lease = self.lease_for(&t, now, &lease.token);
                 let save = Save {
@@ -510,6 +583,13 @@ impl Engine {
                     }
                 }
                 attempts.clear();
+                self.observe_status(&current, &t.tx);
+                if decision {
+                    self.observer.point(Point::AfterDecisionStored, &gid);
+                } else if after_round {
+                    self.observer.point(Point::AfterRoundStored, &gid);
+                }
+                after_round = false;
                 current = t.tx.clone();
                 match next_lease {
                     Some(l) => lease = l,
@@ -524,6 +604,8 @@ impl Engine {
                 };
                 lease = renewed;
                 let answers = self.round(&current, &calls).await;
+                self.observer.point(Point::AfterCallsBeforeRecord, &gid);
+                after_round = true;
                 let mut events = Vec::with_capacity(answers.len());
                 for (key, result, started_at) in answers {
                     if result.outcome != core::CallOutcome::Success {
@@ -689,6 +771,7 @@ impl Engine {
             timeout: Duration::from_millis(tx.options.request_timeout_ms.max(1)),
             headers: tx.options.branch_headers.clone(),
             protocol: tx.options.protocol,
+            attempt: (branch.attempts + 1).max(1) as u32,
         }
     }
 
@@ -742,4 +825,9 @@ impl Engine {
             let _ = self.store.renew(&gid, &token, now).await;
         }
     }
+}
+
+/// A move into a phase whose calls must not go out before it is stored.
+fn is_decision(before: &Transaction, after: &Transaction) -> bool {
+    before.status != after.status && matches!(after.status, Status::Committing | Status::Aborting)
 }

@@ -7,6 +7,7 @@ pub mod canonical;
 pub mod cli;
 pub mod core;
 pub mod engine;
+pub mod faults;
 pub mod server;
 pub mod store;
 pub mod transport;

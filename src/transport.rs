@@ -22,6 +22,8 @@ pub struct CallRequest {
     pub timeout: Duration,
     pub headers: BTreeMap<String, String>,
     pub protocol: Protocol,
+    /// 1 for the first call of this branch operation.
+    pub attempt: u32,
 }
 
 /// What came back, with what the history records.
@@ -31,6 +33,8 @@ pub struct CallResult {
     /// The HTTP status, when there was a response.
     pub status: Option<u16>,
     pub duration: Duration,
+    /// The injected fault that shaped this result, if any (see `faults`).
+    pub fault: Option<String>,
 }
 
 #[async_trait::async_trait]
@@ -80,6 +84,7 @@ impl Transport for HttpTransport {
                     outcome: CallOutcome::Unknown(e),
                     status: None,
                     duration: started.elapsed(),
+                    fault: None,
                 };
             }
         };
@@ -111,6 +116,7 @@ impl Transport for HttpTransport {
             outcome,
             status,
             duration: started.elapsed(),
+            fault: None,
         }
     }
 }
@@ -223,6 +229,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             headers: BTreeMap::new(),
             protocol: Protocol::Native,
+            attempt: 1,
         };
         assert_eq!(
             HttpTransport::url(&request).unwrap().as_str(),
