@@ -18,7 +18,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use idem_participant::{BranchCall, Dialect, InvalidCall, Op, ParticipantError, StepTx};
+use idem_participant::{BranchCall, Dialect, Op, ParticipantError, StepTx};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
 
@@ -179,12 +179,7 @@ async fn issue_op(
     call: BranchCall,
     body: Bytes,
 ) -> StepResponse<Coupon> {
-    if op != call.op.as_str() {
-        return Err(err_response(InvalidCall::Invalid {
-            param: "op",
-            reason: format!("this URL is for `{op}`, the call says `{}`", call.op),
-        }));
-    }
+    call.expect_path_op(&op).map_err(err_response)?;
     step(&pool, &call, &body).await
 }
 

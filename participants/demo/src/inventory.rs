@@ -20,7 +20,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use idem_participant::{BranchCall, Dialect, InvalidCall, Op, ParticipantError, StepTx};
+use idem_participant::{BranchCall, Dialect, Op, ParticipantError, StepTx};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
 
@@ -236,12 +236,7 @@ async fn reserve_op(
     call: BranchCall,
     body: Bytes,
 ) -> StepResponse<Reservation> {
-    if op != call.op.as_str() {
-        return Err(err_response(InvalidCall::Invalid {
-            param: "op",
-            reason: format!("this URL is for `{op}`, the call says `{}`", call.op),
-        }));
-    }
+    call.expect_path_op(&op).map_err(err_response)?;
     step(&pool, &call, &body).await
 }
 

@@ -7,7 +7,8 @@
 //! async fn reserve(State(pool): State<AnyPool>, call: BranchCall, Payload(req): Payload<Req>)
 //!     -> Result<Outcome<Reserved>, ParticipantError>
 //! {
-//!     call.barrier().run(&pool, async |tx| reserve_stock(tx, &req).await).await
+//!     let req = &req;
+//!     call.barrier().run(&pool, |tx| async move { reserve_stock(&tx, req).await }).await
 //! }
 //! ```
 //!
@@ -37,10 +38,10 @@ use crate::schema::MsgState;
 /// long, with 400 and a JSON body naming the parameter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BranchCall {
-    pub trans_type: TransType,
-    pub gid: String,
-    pub branch_id: String,
-    pub op: Op,
+    trans_type: TransType,
+    gid: String,
+    branch_id: String,
+    op: Op,
 }
 
 impl BranchCall {
@@ -113,6 +114,35 @@ impl BranchCall {
         BranchCall::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
+    pub fn trans_type(&self) -> TransType {
+        self.trans_type
+    }
+
+    pub fn gid(&self) -> &str {
+        &self.gid
+    }
+
+    pub fn branch_id(&self) -> &str {
+        &self.branch_id
+    }
+
+    pub fn op(&self) -> Op {
+        self.op
+    }
+
+    /// Checks that the op named by the URL path (for a coordinator that registers one URL
+    /// per op, like `.../reserve/{op}`) is the op of the call. 400 otherwise.
+    pub fn expect_path_op(&self, path_op: &str) -> Result<Op, InvalidCall> {
+        if path_op == self.op.as_str() {
+            Ok(self.op)
+        } else {
+            Err(InvalidCall::Invalid {
+                param: "op",
+                reason: format!("this URL is for `{path_op}`, the call says `{}`", self.op),
+            })
+        }
+    }
+
     /// The barrier of this call's (first) guarded step.
     pub fn barrier(&self) -> Barrier {
         Barrier::new(
@@ -165,6 +195,10 @@ impl IntoResponse for InvalidCall {
 /// Unlike `axum::Json` it does not insist on a `Content-Type`, and a body that does not
 /// parse is answered with 409: the payload is fixed at registration, so retrying cannot fix
 /// it, and 409 is how a Try or saga action tells the coordinator to stop and roll back.
+///
+/// Confirm, Cancel and compensate must eventually succeed, and the coordinator retries
+/// them even after a 409; a handler for those is sturdier if it ignores the payload and
+/// acts on the ledger row its Try or action wrote (as the example participants do).
 #[derive(Clone, Debug)]
 pub struct Payload<T>(pub T);
 
@@ -310,10 +344,10 @@ mod tests {
             ("dtm", "ignored"),
         ])
         .unwrap();
-        assert_eq!(call.gid, "g-1");
-        assert_eq!(call.trans_type, TransType::Tcc);
-        assert_eq!(call.branch_id, "01");
-        assert_eq!(call.op, Op::Cancel);
+        assert_eq!(call.gid(), "g-1");
+        assert_eq!(call.trans_type(), TransType::Tcc);
+        assert_eq!(call.branch_id(), "01");
+        assert_eq!(call.op(), Op::Cancel);
         assert_eq!(call.barrier().barrier_id(), "01");
     }
 
@@ -372,8 +406,8 @@ mod tests {
     fn parses_percent_encoded_query_strings() {
         let call =
             BranchCall::from_query("gid=a%20b&trans_type=saga&branch_id=02&op=compensate").unwrap();
-        assert_eq!(call.gid, "a b");
-        assert_eq!(call.op, Op::Compensate);
+        assert_eq!(call.gid(), "a b");
+        assert_eq!(call.op(), Op::Compensate);
         assert_eq!(BranchCall::from_query(""), Err(InvalidCall::Missing("gid")));
     }
 

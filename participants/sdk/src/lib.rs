@@ -8,17 +8,18 @@
 //!
 //! ```ignore
 //! let outcome = Barrier::new(TransType::Tcc, gid, branch_id, Op::Try)?
-//!     .run(&pool, async |tx| {
+//!     .run(&pool, |tx| async move {
 //!         sqlx::query(tx.sql("UPDATE stock SET available = available - ? WHERE sku = ? AND available >= ?"))
-//!             .bind(n).bind(&sku).bind(n)
-//!             .execute(tx.conn()).await?;
-//!         Ok(Reserved { sku: sku.clone(), n })
+//!             .bind(n).bind(sku).bind(n)
+//!             .execute(&mut *tx.conn())
+//!             .await?;
+//!         Ok(Reserved { sku: sku.to_owned(), n })
 //!     })
 //!     .await?;
 //! match outcome {
-//!     Outcome::Executed(r) | Outcome::Duplicate(r) => { /* first (and only) result */ }
-//!     Outcome::EmptyRollback => { /* a Cancel whose Try never ran */ }
-//!     Outcome::Rejected => { /* a Try after its Cancel: 409 */ }
+//!     Outcome::Executed(r) | Outcome::Duplicate(r) => { /* the first (and only) result */ }
+//!     Outcome::EmptyRollback => { /* a Cancel whose Try never ran: nothing to undo */ }
+//!     Outcome::Rejected => { /* a Try after its Cancel: answered with 409 */ }
 //! }
 //! ```
 //!
