@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS inventory_stock (
     sold INTEGER NOT NULL DEFAULT 0 CHECK (sold >= 0)
 );
 -- One row per TCC branch that reserved stock: what Confirm and Cancel act on, and what an
--- auditor reads. status: reserved -> confirmed | cancelled.
+-- auditor reads. status: reserved -> confirmed | cancelled (TCC); sold -> returned (saga).
 CREATE TABLE IF NOT EXISTS inventory_reservations (
     gid TEXT NOT NULL,
     branch_id TEXT NOT NULL,

@@ -243,11 +243,11 @@ async fn reserve_op(
 /// One guarded inventory step.
 async fn step(pool: &AnyPool, call: &BranchCall, body: &[u8]) -> StepResponse<Reservation> {
     let op = call
-        .expect_op(&[Op::Try, Op::Confirm, Op::Cancel])
+        .expect_op(&[Op::Try, Op::Confirm, Op::Cancel, Op::Action, Op::Compensate])
         .map_err(err_response)?;
     let barrier = call.barrier();
     let outcome = match op {
-        Op::Try => {
+        Op::Try | Op::Action => {
             let req: ReserveRequest = parse_payload(body).map_err(err_response)?;
             if req.quantity <= 0 {
                 return Err(err_response(ParticipantError::refused(
@@ -256,7 +256,12 @@ async fn step(pool: &AnyPool, call: &BranchCall, body: &[u8]) -> StepResponse<Re
             }
             let req = &req;
             barrier
-                .run(pool, |tx| async move { try_reserve(&tx, req).await })
+                .run(pool, |tx| async move { take(&tx, req).await })
+                .await
+        }
+        Op::Compensate => {
+            barrier
+                .run(pool, |tx| async move { give_back(&tx).await })
                 .await
         }
         Op::Confirm => {
@@ -273,21 +278,27 @@ async fn step(pool: &AnyPool, call: &BranchCall, body: &[u8]) -> StepResponse<Re
     outcome.map_err(err_response)
 }
 
-async fn try_reserve(
-    tx: &StepTx<'_, Any>,
-    req: &ReserveRequest,
-) -> Result<Reservation, ParticipantError> {
-    let moved = sqlx::query(tx.sql(
-        "UPDATE inventory_stock SET available = available - ?, reserved = reserved + ? \
-         WHERE sku = ? AND available >= ?",
-    ))
-    .bind(req.quantity)
-    .bind(req.quantity)
-    .bind(req.sku.as_str())
-    .bind(req.quantity)
-    .execute(&mut *tx.conn())
-    .await?
-    .rows_affected();
+/// TCC Try reserves (`available` to `reserved`); a saga action sells at once (`available`
+/// to `sold`, status `sold`), since a saga has no second phase to confirm it.
+async fn take(tx: &StepTx<'_, Any>, req: &ReserveRequest) -> Result<Reservation, ParticipantError> {
+    let saga = tx.op() == Op::Action;
+    let (column, status) = if saga {
+        ("sold", "sold")
+    } else {
+        ("reserved", "reserved")
+    };
+    let update = format!(
+        "UPDATE inventory_stock SET available = available - ?, {column} = {column} + ? \
+         WHERE sku = ? AND available >= ?"
+    );
+    let moved = sqlx::query(tx.sql(&update))
+        .bind(req.quantity)
+        .bind(req.quantity)
+        .bind(req.sku.as_str())
+        .bind(req.quantity)
+        .execute(&mut *tx.conn())
+        .await?
+        .rows_affected();
     if moved == 0 {
         let available: Option<i64> =
             sqlx::query(tx.sql("SELECT available FROM inventory_stock WHERE sku = ?"))
@@ -305,12 +316,13 @@ async fn try_reserve(
         }));
     }
     sqlx::query(tx.sql(
-        "INSERT INTO inventory_reservations (gid, branch_id, sku, quantity, status) VALUES (?, ?, ?, ?, 'reserved')",
+        "INSERT INTO inventory_reservations (gid, branch_id, sku, quantity, status) VALUES (?, ?, ?, ?, ?)",
     ))
     .bind(tx.gid())
     .bind(tx.branch_id())
     .bind(req.sku.as_str())
     .bind(req.quantity)
+    .bind(status)
     .execute(&mut *tx.conn())
     .await?;
     Ok(Reservation {
@@ -318,21 +330,26 @@ async fn try_reserve(
         branch_id: tx.branch_id().to_owned(),
         sku: req.sku.clone(),
         quantity: req.quantity,
-        status: "reserved".into(),
+        status: status.into(),
     })
 }
 
 /// Moves this branch's reservation from `reserved` to `to` and returns it. The UPDATE comes
 /// first: it reads the latest committed row whatever the isolation level, and afterwards
 /// the row is this transaction's own write, so the SELECT cannot see a stale snapshot.
-async fn settle(tx: &StepTx<'_, Any>, to: &str) -> Result<Reservation, ParticipantError> {
+async fn settle(
+    tx: &StepTx<'_, Any>,
+    from: &str,
+    to: &str,
+) -> Result<Reservation, ParticipantError> {
     let changed = sqlx::query(tx.sql(
         "UPDATE inventory_reservations SET status = ?, updated_at = CURRENT_TIMESTAMP \
-         WHERE gid = ? AND branch_id = ? AND status = 'reserved'",
+         WHERE gid = ? AND branch_id = ? AND status = ?",
     ))
     .bind(to)
     .bind(tx.gid())
     .bind(tx.branch_id())
+    .bind(from)
     .execute(&mut *tx.conn())
     .await?
     .rows_affected();
@@ -365,7 +382,7 @@ async fn settle(tx: &StepTx<'_, Any>, to: &str) -> Result<Reservation, Participa
 }
 
 async fn confirm(tx: &StepTx<'_, Any>) -> Result<Reservation, ParticipantError> {
-    let r = settle(tx, "confirmed").await?;
+    let r = settle(tx, "reserved", "confirmed").await?;
     sqlx::query(
         tx.sql("UPDATE inventory_stock SET reserved = reserved - ?, sold = sold + ? WHERE sku = ?"),
     )
@@ -378,13 +395,27 @@ async fn confirm(tx: &StepTx<'_, Any>) -> Result<Reservation, ParticipantError> 
 }
 
 async fn cancel(tx: &StepTx<'_, Any>) -> Result<Reservation, ParticipantError> {
-    let r = settle(tx, "cancelled").await?;
+    let r = settle(tx, "reserved", "cancelled").await?;
     sqlx::query(tx.sql("UPDATE inventory_stock SET reserved = reserved - ?, available = available + ? WHERE sku = ?"))
         .bind(r.quantity)
         .bind(r.quantity)
         .bind(r.sku.as_str())
         .execute(&mut *tx.conn())
         .await?;
+    Ok(r)
+}
+
+/// Saga compensation: the sold stock comes back.
+async fn give_back(tx: &StepTx<'_, Any>) -> Result<Reservation, ParticipantError> {
+    let r = settle(tx, "sold", "returned").await?;
+    sqlx::query(tx.sql(
+        "UPDATE inventory_stock SET sold = sold - ?, available = available + ? WHERE sku = ?",
+    ))
+    .bind(r.quantity)
+    .bind(r.quantity)
+    .bind(r.sku.as_str())
+    .execute(&mut *tx.conn())
+    .await?;
     Ok(r)
 }
 

@@ -1,7 +1,8 @@
 //! Example idem participants, each a small axum service over its own database:
 //!
 //! * [`inventory`]: a TCC branch that reserves stock (Try), sells it (Confirm) or releases it
-//!   (Cancel);
+//!   (Cancel); or a saga step that sells at once (action) and takes the sale back
+//!   (compensate);
 //! * [`payment`]: a TCC branch that freezes money (Try), debits it (Confirm) or unfreezes it
 //!   (Cancel);
 //! * [`coupon`]: a saga step that issues a coupon (action) and revokes that same coupon

@@ -655,6 +655,92 @@ async fn coupon_compensation_revokes_the_same_coupon() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inventory_saga_sells_and_compensation_returns_the_same_stock_once() {
+    for db in testing::all("http_inventory_saga").await {
+        let env = Env::inventory(db).await;
+        inventory::seed(&env.pool, "pear", 10).await.unwrap();
+        let g = gid("saga-inv");
+        let payload = json!({"sku": "pear", "quantity": 3});
+        let (s, b) = env
+            .call(
+                inventory::RESERVE_PATH,
+                "saga",
+                &g,
+                "01",
+                "action",
+                &payload,
+            )
+            .await;
+        assert_eq!(
+            (s, b["outcome"].as_str()),
+            (200, Some("executed")),
+            "{}: {b}",
+            env.name()
+        );
+        let after = stock(&env, "pear").await;
+        assert_eq!(
+            (after.available, after.reserved, after.sold),
+            (7, 0, 3),
+            "{}",
+            env.name()
+        );
+        for expected in ["executed", "duplicate", "duplicate"] {
+            let (s, b) = env
+                .call(
+                    inventory::RESERVE_PATH,
+                    "saga",
+                    &g,
+                    "01",
+                    "compensate",
+                    &payload,
+                )
+                .await;
+            assert_eq!((s, b["outcome"].as_str()), (200, Some(expected)), "{b}");
+            assert_eq!(b["result"]["status"], "returned");
+        }
+        let back = stock(&env, "pear").await;
+        assert_eq!(
+            (back.available, back.reserved, back.sold),
+            (10, 0, 0),
+            "{}",
+            env.name()
+        );
+
+        // Compensate first (empty rollback), then the late action is rejected.
+        let g2 = gid("saga-inv-late");
+        let (s, b) = env
+            .call(
+                inventory::RESERVE_PATH,
+                "saga",
+                &g2,
+                "01",
+                "compensate",
+                &payload,
+            )
+            .await;
+        assert_eq!(
+            (s, b["outcome"].as_str()),
+            (200, Some("empty_rollback")),
+            "{b}"
+        );
+        let (s, _) = env
+            .call(
+                inventory::RESERVE_PATH,
+                "saga",
+                &g2,
+                "01",
+                "action",
+                &payload,
+            )
+            .await;
+        assert_eq!(s, 409, "{}: a late action is rejected", env.name());
+        let still = stock(&env, "pear").await;
+        assert_eq!((still.available, still.sold), (10, 0));
+        env.finish().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_callbacks_are_answered_clearly() {
     // Parameter validation does not depend on the backend.
     let db = TestDatabase::create(testing::Backend::Sqlite, "http_bad_callbacks")
