@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::api::native::TxView;
 use crate::core::{Kind, Status};
 use crate::engine::{Engine, EngineConfig, SystemClock};
+use crate::faults::FaultPlan;
 use crate::server::{self, ServerConfig};
 use crate::store::{ConnectOptions, ListFilter};
 use crate::transport::HttpTransport;
@@ -87,6 +88,13 @@ pub struct ServeArgs {
     /// How long a wait_result request waits at most, in ms.
     #[arg(long, default_value_t = 30_000)]
     pub wait_timeout_ms: u64,
+    /// A fault plan (JSON, or TOML by extension) to inject into participant calls and
+    /// crash points. For testing and failure replay only.
+    #[arg(long)]
+    pub fault_plan: Option<std::path::PathBuf>,
+    /// Append the timeline of calls, faults and status changes to this file (JSON lines).
+    #[arg(long)]
+    pub record: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -155,6 +163,10 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
     config.connect.max_connections = args.max_connections.max(1);
     config.connect.sqlite_full_sync = args.sqlite_full_sync;
     config.wait_timeout = Duration::from_millis(args.wait_timeout_ms);
+    if let Some(path) = &args.fault_plan {
+        config.fault_plan = Some(Arc::new(read_plan(path)?));
+    }
+    config.record = args.record.clone();
     let running = server::start(config).await?;
     println!(
         "idem listening on {} ({})",
@@ -182,6 +194,15 @@ async fn shutdown_signal() {
     {
         let _ = ctrl_c.await;
     }
+}
+
+/// Reads a fault plan file: TOML if it ends in `.toml`, JSON otherwise.
+pub fn read_plan(path: &std::path::Path) -> Result<FaultPlan, BoxError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let toml = path.extension().is_some_and(|e| e == "toml");
+    FaultPlan::parse(&text, toml)
+        .map_err(|e| format!("invalid fault plan {}: {e}", path.display()).into())
 }
 
 fn default_node(listen: SocketAddr) -> String {

@@ -102,6 +102,9 @@ pub trait Observer: Send + Sync + 'static {
     fn call(&self, _request: &CallRequest, _result: &CallResult, _started_at: Millis) {}
     fn status(&self, _gid: &str, _from: Status, _to: Status, _at: Millis) {}
     fn point(&self, _point: Point, _gid: &str) {}
+    /// This process tried to write progress but another coordinator owns the
+    /// transaction now: the write was refused and the driver stops.
+    fn fenced(&self, _gid: &str) {}
 }
 
 /// The observer that watches nothing.
@@ -575,6 +578,7 @@ impl Engine {
                             gid,
                             "another coordinator owns this transaction now; stopping"
                         );
+                        self.observer.fenced(&gid);
                         return;
                     }
                     Err(e) => {
@@ -755,6 +759,7 @@ impl Engine {
                 .expect("semaphore is never closed");
             let started_at = self.clock.now();
             let result = self.transport.call(&request).await;
+            self.observer.call(&request, &result, started_at);
             (key.clone(), result, started_at)
         });
         join_all(futures).await

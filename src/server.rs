@@ -7,8 +7,11 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use std::path::PathBuf;
+
 use crate::api::{self, AppState};
-use crate::engine::{Engine, EngineConfig, SystemClock};
+use crate::engine::{Engine, EngineConfig, NoObserver, Observer, SystemClock};
+use crate::faults::{CrashOnPlan, FaultPlan, FaultyTransport, Observers, Timeline};
 use crate::store::{self, ConnectOptions, Store};
 use crate::transport::{HttpTransport, Transport};
 
@@ -20,6 +23,10 @@ pub struct ServerConfig {
     pub engine: EngineConfig,
     pub connect: ConnectOptions,
     pub wait_timeout: Duration,
+    /// Faults to inject into calls and crash points (testing and failure replay).
+    pub fault_plan: Option<Arc<FaultPlan>>,
+    /// Where to append the timeline of calls, faults and status changes (JSON lines).
+    pub record: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -30,6 +37,8 @@ impl ServerConfig {
             engine: EngineConfig::default(),
             connect: ConnectOptions::default(),
             wait_timeout: api::native::DEFAULT_WAIT,
+            fault_plan: None,
+            record: None,
         }
     }
 }
@@ -81,12 +90,37 @@ pub async fn start_with(
 ) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
     crate::transport::install_crypto_provider();
     let store = open_store(&config.database_url, &config.connect).await?;
+    let node = config.engine.node.clone();
+    let timeline = match &config.record {
+        Some(path) => Some(Timeline::to_file(&node, path)?),
+        None => None,
+    };
+    let mut observers: Vec<Arc<dyn Observer>> = Vec::new();
+    if let Some(t) = &timeline {
+        observers.push(Arc::clone(t) as Arc<dyn Observer>);
+    }
+    let transport = match &config.fault_plan {
+        Some(plan) => {
+            observers.push(Arc::new(CrashOnPlan::new(
+                Arc::clone(plan),
+                &node,
+                timeline.clone(),
+            )));
+            Arc::new(FaultyTransport::new(transport, Arc::clone(plan))) as Arc<dyn Transport>
+        }
+        None => transport,
+    };
+    let observer: Arc<dyn Observer> = match observers.len() {
+        0 => Arc::new(NoObserver),
+        _ => Arc::new(Observers(observers)),
+    };
     let engine = Engine::new(
         store,
         transport,
         Arc::new(SystemClock),
         config.engine.clone(),
-    );
+    )
+    .with_observer(observer);
     let listener = TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
     let state = Arc::new(AppState {

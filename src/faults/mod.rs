@@ -38,11 +38,31 @@ pub use plan::*;
 pub struct FaultyTransport {
     inner: Arc<dyn Transport>,
     plan: Arc<FaultPlan>,
+    fired: RuleCounts,
 }
 
 impl FaultyTransport {
     pub fn new(inner: Arc<dyn Transport>, plan: Arc<FaultPlan>) -> FaultyTransport {
-        FaultyTransport { inner, plan }
+        FaultyTransport {
+            inner,
+            plan,
+            fired: RuleCounts::default(),
+        }
+    }
+}
+
+/// How often each rule fired in this process, for rules limited by `times`.
+#[derive(Default)]
+struct RuleCounts(Mutex<HashMap<usize, u32>>);
+
+impl RuleCounts {
+    /// Picks the rule for a call and counts it, atomically, so that concurrent calls never
+    /// fire a `times`-limited rule more often than allowed.
+    fn fire(&self, plan: &FaultPlan, side: Side, call: &CallKey) -> Option<Fault> {
+        let mut counts = self.0.lock().expect("poisoned");
+        let (index, rule) = plan.rule_for(side, call, |i| *counts.get(&i).unwrap_or(&0))?;
+        *counts.entry(index).or_insert(0) += 1;
+        Some(rule.fault.clone())
     }
 }
 
@@ -58,12 +78,15 @@ fn call_key(request: &CallRequest) -> CallKey {
 #[async_trait::async_trait]
 impl Transport for FaultyTransport {
     async fn call(&self, request: &CallRequest) -> CallResult {
-        let Some(fault) = self.plan.fault_for(Side::Coordinator, &call_key(request)) else {
+        let Some(fault) = self
+            .fired
+            .fire(&self.plan, Side::Coordinator, &call_key(request))
+        else {
             return self.inner.call(request).await;
         };
         let started = Instant::now();
         let label = Some(fault.label());
-        let mut result = match fault {
+        let mut result = match &fault {
             Fault::Status { status } => CallResult {
                 outcome: classify(request.protocol, *status, "injected by the fault plan"),
                 status: Some(*status),
@@ -131,7 +154,18 @@ pub struct ParticipantFaults {
     /// Longest a `hold_until` waits, so that a plan that waits for something that never
     /// comes cannot hang a test.
     pub hold_limit: Duration,
-    fired: Mutex<Vec<(CallKey, String)>>,
+    counts: RuleCounts,
+    deliveries: Mutex<Vec<Delivery>>,
+}
+
+/// One call as the participant-side layer saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub call: CallKey,
+    /// The fault applied, if any.
+    pub fault: Option<String>,
+    /// The status code the caller got.
+    pub status: u16,
 }
 
 impl ParticipantFaults {
@@ -142,13 +176,14 @@ impl ParticipantFaults {
             completed: Mutex::new(HashMap::new()),
             changed: Notify::new(),
             hold_limit: Duration::from_secs(10),
-            fired: Mutex::new(Vec::new()),
+            counts: RuleCounts::default(),
+            deliveries: Mutex::new(Vec::new()),
         })
     }
 
-    /// Faults fired so far: the call and the fault's label.
-    pub fn fired(&self) -> Vec<(CallKey, String)> {
-        self.fired.lock().expect("poisoned").clone()
+    /// Every call seen so far, in arrival order of their answers.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.deliveries.lock().expect("poisoned").clone()
     }
 
     fn completed(&self, key: &(String, String, String)) -> u32 {
@@ -199,14 +234,29 @@ pub async fn participant_faults(
         op: params.op,
         attempt,
     };
-    let fault = faults.plan.fault_for(Side::Participant, &key).cloned();
-    if let Some(fault) = &fault {
-        faults
-            .fired
-            .lock()
-            .expect("poisoned")
-            .push((key.clone(), fault.label()));
+    let fault = faults.counts.fire(&faults.plan, Side::Participant, &key);
+    // The delivery runs on its own task: once a call has reached the participant, it is
+    // processed even if the caller gives up waiting (a held Try still arrives late).
+    let deliver = tokio::spawn(deliver(faults, id, key, fault, request, next));
+    match deliver.await {
+        Ok(response) => response,
+        Err(e) => (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            format!("delivery failed: {e}"),
+        )
+            .into_response(),
     }
+}
+
+async fn deliver(
+    faults: Arc<ParticipantFaults>,
+    id: (String, String, String),
+    key: CallKey,
+    fault: Option<Fault>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let label = fault.as_ref().map(Fault::label);
     let response = match fault {
         None => next.run(request).await,
         Some(Fault::Status { status }) => {
@@ -259,6 +309,11 @@ pub async fn participant_faults(
         .expect("poisoned")
         .entry(id)
         .or_insert(0) += 1;
+    faults.deliveries.lock().expect("poisoned").push(Delivery {
+        call: key,
+        fault: label,
+        status: response.status().as_u16(),
+    });
     faults.changed.notify_waiters();
     response
 }
@@ -290,15 +345,17 @@ fn parse_call_params(query: &str) -> Option<CallParams> {
 /// the plan names the point reached.
 pub struct CrashOnPlan {
     plan: Arc<FaultPlan>,
+    node: String,
     reached: Mutex<HashMap<(Point, String), u32>>,
     /// Told first, so the crash is on record before the process goes.
     timeline: Option<Arc<Timeline>>,
 }
 
 impl CrashOnPlan {
-    pub fn new(plan: Arc<FaultPlan>, timeline: Option<Arc<Timeline>>) -> CrashOnPlan {
+    pub fn new(plan: Arc<FaultPlan>, node: &str, timeline: Option<Arc<Timeline>>) -> CrashOnPlan {
         CrashOnPlan {
             plan,
+            node: node.to_owned(),
             reached: Mutex::new(HashMap::new()),
             timeline,
         }
@@ -313,19 +370,39 @@ impl Observer for CrashOnPlan {
             *n += 1;
             *n
         };
-        if self.plan.crashes_at(point, gid, n) {
-            if let Some(timeline) = &self.timeline {
-                timeline.push(TimelineEvent::Crash {
-                    gid: gid.to_owned(),
-                    point,
-                });
-            }
-            eprintln!(
-                "idem: crash point {} reached for {gid}: stopping (fault plan)",
-                point.as_str()
-            );
-            std::process::abort();
+        let Some(action) = self.plan.crash_at(point, &self.node, gid, n) else {
+            return;
+        };
+        if let Some(timeline) = &self.timeline {
+            timeline.push(TimelineEvent::Crash {
+                gid: gid.to_owned(),
+                point,
+                node: self.node.clone(),
+                action,
+            });
         }
+        match action {
+            CrashAction::Crash => {
+                eprintln!(
+                    "idem: crash point {} reached for {gid}: stopping (fault plan)",
+                    point.as_str()
+                );
+                std::process::abort();
+            }
+            CrashAction::Pause { ms } => pause_process(ms),
+        }
+    }
+}
+
+/// Freezes this whole process for `ms` with SIGSTOP; a detached shell sends SIGCONT.
+fn pause_process(ms: u64) {
+    let pid = std::process::id().to_string();
+    let wake = format!("sleep {}; kill -CONT {pid}", ms as f64 / 1_000.0);
+    let spawned = std::process::Command::new("sh").args(["-c", &wake]).spawn();
+    if spawned.is_ok() {
+        let _ = std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status();
     }
 }
 
@@ -346,6 +423,11 @@ impl Observer for Observers {
     fn point(&self, point: Point, gid: &str) {
         for o in &self.0 {
             o.point(point, gid);
+        }
+    }
+    fn fenced(&self, gid: &str) {
+        for o in &self.0 {
+            o.fenced(gid);
         }
     }
 }
@@ -375,8 +457,15 @@ pub enum TimelineEvent {
         from: Status,
         to: Status,
     },
-    /// Only recorded when the plan crashes the process there.
-    Crash { gid: String, point: Point },
+    /// Only recorded when the plan crashes or pauses the process there.
+    Crash {
+        gid: String,
+        point: Point,
+        node: String,
+        action: CrashAction,
+    },
+    /// A coordinator's write was refused: another one owns the transaction now.
+    Fenced { gid: String, node: String },
 }
 
 impl TimelineEvent {
@@ -384,7 +473,8 @@ impl TimelineEvent {
         match self {
             TimelineEvent::Call { gid, .. }
             | TimelineEvent::Status { gid, .. }
-            | TimelineEvent::Crash { gid, .. } => gid,
+            | TimelineEvent::Crash { gid, .. }
+            | TimelineEvent::Fenced { gid, .. } => gid,
         }
     }
 
@@ -413,8 +503,24 @@ impl TimelineEvent {
                 line
             }
             TimelineEvent::Status { gid, from, to, .. } => format!("{gid} {from} => {to}"),
-            TimelineEvent::Crash { gid, point } => {
-                format!("{gid} CRASH at {} [fault plan]", point.as_str())
+            TimelineEvent::Crash {
+                gid,
+                point,
+                node,
+                action,
+            } => match action {
+                CrashAction::Crash => {
+                    format!("{gid} CRASH of {node} at {} [fault plan]", point.as_str())
+                }
+                CrashAction::Pause { ms } => {
+                    format!(
+                        "{gid} PAUSE of {node} for {ms} ms at {} [fault plan]",
+                        point.as_str()
+                    )
+                }
+            },
+            TimelineEvent::Fenced { gid, node } => {
+                format!("{gid} {node}'s stale write refused: another coordinator owns it")
             }
         }
     }
@@ -423,25 +529,28 @@ impl TimelineEvent {
 /// Records a run's timeline in memory and, if asked, as JSON lines in a file (flushed per
 /// line, so a crash loses nothing written before it).
 pub struct Timeline {
+    node: String,
     events: Mutex<Vec<TimelineEvent>>,
     file: Option<Mutex<std::fs::File>>,
 }
 
 impl Timeline {
-    pub fn in_memory() -> Arc<Timeline> {
+    pub fn in_memory(node: &str) -> Arc<Timeline> {
         Arc::new(Timeline {
+            node: node.to_owned(),
             events: Mutex::new(Vec::new()),
             file: None,
         })
     }
 
     /// Appends to `path` (created if missing).
-    pub fn to_file(path: &Path) -> std::io::Result<Arc<Timeline>> {
+    pub fn to_file(node: &str, path: &Path) -> std::io::Result<Arc<Timeline>> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)?;
         Ok(Arc::new(Timeline {
+            node: node.to_owned(),
             events: Mutex::new(Vec::new()),
             file: Some(Mutex::new(file)),
         }))
@@ -493,6 +602,13 @@ impl Observer for Timeline {
             gid: gid.to_owned(),
             from,
             to,
+        });
+    }
+
+    fn fenced(&self, gid: &str) {
+        self.push(TimelineEvent::Fenced {
+            gid: gid.to_owned(),
+            node: self.node.clone(),
         });
     }
 }

@@ -67,6 +67,10 @@ pub struct FaultRule {
     /// Fire for this share of the matching calls (0..=1), chosen deterministically.
     #[serde(default)]
     pub probability: Option<f64>,
+    /// Fire at most this many times in one process (e.g. a participant down for the
+    /// first three calls, whatever their attempt numbers).
+    #[serde(default)]
+    pub times: Option<u32>,
     pub fault: Fault,
 }
 
@@ -106,12 +110,30 @@ pub use crate::engine::Point as CrashPoint;
 #[serde(deny_unknown_fields)]
 pub struct CrashRule {
     pub point: CrashPoint,
+    /// Only the coordinator with this node name (`idem serve --node`).
+    #[serde(default)]
+    pub node: Option<String>,
+    /// What happens there (default: the process dies).
+    #[serde(default)]
+    pub action: CrashAction,
     /// A gid pattern (`*` wildcard); any gid when unset.
     #[serde(default)]
     pub gid: Option<String>,
     /// Crash the n-th time the point is reached for a matching gid (default: the first).
     #[serde(default)]
     pub nth: Option<u32>,
+}
+
+/// What a crash rule does to the coordinator process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CrashAction {
+    /// Stop dead, as SIGKILL would: no shutdown, no lease handed back.
+    #[default]
+    Crash,
+    /// Freeze the whole process (SIGSTOP) for this long, as a long GC pause, a VM
+    /// migration or a partition would; it then continues as if nothing happened.
+    Pause { ms: u64 },
 }
 
 /// The identity of one delivery of a branch operation.
@@ -151,26 +173,45 @@ impl FaultPlan {
         Ok(())
     }
 
-    /// The fault for this call on this side, if a rule fires.
-    pub fn fault_for(&self, side: Side, call: &CallKey) -> Option<&Fault> {
-        self.rules
-            .iter()
-            .filter(|r| r.side == side && r.matches.matches(call))
-            .find(|r| match r.probability {
-                None => true,
-                Some(p) => chance(self.seed, call) < p,
-            })
-            .map(|r| &r.fault)
+    /// The rule for this call on this side, if one fires (by index, so that callers can
+    /// count `times`), ignoring rules whose `times` are used up per `used`.
+    pub fn rule_for(
+        &self,
+        side: Side,
+        call: &CallKey,
+        used: impl Fn(usize) -> u32,
+    ) -> Option<(usize, &FaultRule)> {
+        self.rules.iter().enumerate().find(|(i, r)| {
+            r.side == side
+                && r.matches.matches(call)
+                && r.times.is_none_or(|t| used(*i) < t)
+                && r.probability.is_none_or(|p| chance(self.seed, call) < p)
+        })
     }
 
-    /// Whether to crash at `point` for `gid`, the `reached`-th time (1-based) the point is
-    /// reached for that gid.
-    pub fn crashes_at(&self, point: CrashPoint, gid: &str, reached: u32) -> bool {
-        self.crashes.iter().any(|c| {
-            c.point == point
-                && c.gid.as_deref().is_none_or(|p| glob(p, gid))
-                && c.nth.unwrap_or(1) == reached
-        })
+    /// The fault for this call on this side, if a rule fires (ignoring `times`).
+    pub fn fault_for(&self, side: Side, call: &CallKey) -> Option<&Fault> {
+        self.rule_for(side, call, |_| 0).map(|(_, r)| &r.fault)
+    }
+
+    /// What to do at `point` for `gid` on `node`, the `reached`-th time (1-based) this
+    /// process reaches the point for that gid.
+    pub fn crash_at(
+        &self,
+        point: CrashPoint,
+        node: &str,
+        gid: &str,
+        reached: u32,
+    ) -> Option<CrashAction> {
+        self.crashes
+            .iter()
+            .find(|c| {
+                c.point == point
+                    && c.node.as_deref().is_none_or(|n| n == node)
+                    && c.gid.as_deref().is_none_or(|p| glob(p, gid))
+                    && c.nth.unwrap_or(1) == reached
+            })
+            .map(|c| c.action)
     }
 }
 
@@ -285,6 +326,7 @@ mod tests {
                 matches: Match::default(),
                 side: Side::Coordinator,
                 probability: Some(0.25),
+                times: None,
                 fault: Fault::Status { status: 503 },
             }],
             ..FaultPlan::default()
@@ -329,9 +371,25 @@ mod tests {
             "crashes": [{"point": "after_decision_stored", "gid": "order-*", "nth": 2}]
         }))
         .unwrap();
-        assert!(!plan.crashes_at(CrashPoint::AfterDecisionStored, "order-1", 1));
-        assert!(plan.crashes_at(CrashPoint::AfterDecisionStored, "order-1", 2));
-        assert!(!plan.crashes_at(CrashPoint::AfterRoundStored, "order-1", 2));
-        assert!(!plan.crashes_at(CrashPoint::AfterDecisionStored, "other", 2));
+        let at = |p, gid, n| plan.crash_at(p, "c0", gid, n);
+        assert_eq!(at(CrashPoint::AfterDecisionStored, "order-1", 1), None);
+        assert_eq!(
+            at(CrashPoint::AfterDecisionStored, "order-1", 2),
+            Some(CrashAction::Crash)
+        );
+        assert_eq!(at(CrashPoint::AfterRoundStored, "order-1", 2), None);
+        assert_eq!(at(CrashPoint::AfterDecisionStored, "other", 2), None);
+        let paused: FaultPlan = serde_json::from_value(serde_json::json!({
+            "crashes": [{"point": "after_calls_before_record", "node": "c1", "action": {"type": "pause", "ms": 50}}]
+        }))
+        .unwrap();
+        assert_eq!(
+            paused.crash_at(CrashPoint::AfterCallsBeforeRecord, "c0", "g", 1),
+            None
+        );
+        assert_eq!(
+            paused.crash_at(CrashPoint::AfterCallsBeforeRecord, "c1", "g", 1),
+            Some(CrashAction::Pause { ms: 50 })
+        );
     }
 }
