@@ -339,6 +339,11 @@ fn parse_call_params(query: &str) -> Option<CallParams> {
     Some(params)
 }
 
+fn now() -> Millis {
+    use crate::engine::Clock;
+    crate::engine::SystemClock.now()
+}
+
 // ---- crashes ---------------------------------------------------------------------------
 
 /// Stops the process dead (no destructors, no lease handed back: as SIGKILL would) when
@@ -375,6 +380,7 @@ impl Observer for CrashOnPlan {
         };
         if let Some(timeline) = &self.timeline {
             timeline.push(TimelineEvent::Crash {
+                at: now(),
                 gid: gid.to_owned(),
                 point,
                 node: self.node.clone(),
@@ -459,16 +465,30 @@ pub enum TimelineEvent {
     },
     /// Only recorded when the plan crashes or pauses the process there.
     Crash {
+        at: Millis,
         gid: String,
         point: Point,
         node: String,
         action: CrashAction,
     },
     /// A coordinator's write was refused: another one owns the transaction now.
-    Fenced { gid: String, node: String },
+    Fenced {
+        at: Millis,
+        gid: String,
+        node: String,
+    },
 }
 
 impl TimelineEvent {
+    pub fn at(&self) -> Millis {
+        match self {
+            TimelineEvent::Call { at, .. }
+            | TimelineEvent::Status { at, .. }
+            | TimelineEvent::Crash { at, .. }
+            | TimelineEvent::Fenced { at, .. } => *at,
+        }
+    }
+
     pub fn gid(&self) -> &str {
         match self {
             TimelineEvent::Call { gid, .. }
@@ -508,6 +528,7 @@ impl TimelineEvent {
                 point,
                 node,
                 action,
+                ..
             } => match action {
                 CrashAction::Crash => {
                     format!("{gid} CRASH of {node} at {} [fault plan]", point.as_str())
@@ -519,7 +540,7 @@ impl TimelineEvent {
                     )
                 }
             },
-            TimelineEvent::Fenced { gid, node } => {
+            TimelineEvent::Fenced { gid, node, .. } => {
                 format!("{gid} {node}'s stale write refused: another coordinator owns it")
             }
         }
@@ -607,6 +628,7 @@ impl Observer for Timeline {
 
     fn fenced(&self, gid: &str) {
         self.push(TimelineEvent::Fenced {
+            at: now(),
             gid: gid.to_owned(),
             node: self.node.clone(),
         });

@@ -185,7 +185,8 @@ impl FaultPlan {
             r.side == side
                 && r.matches.matches(call)
                 && r.times.is_none_or(|t| used(*i) < t)
-                && r.probability.is_none_or(|p| chance(self.seed, call) < p)
+                // Each rule draws on its own, so two 10 % rules fire on about 19 % of calls.
+                && r.probability.is_none_or(|p| chance(self.seed ^ rule_salt(*i), call) < p)
         })
     }
 
@@ -226,6 +227,10 @@ impl Match {
             && self.attempt.is_none_or(|a| a == call.attempt)
             && self.max_attempt.is_none_or(|a| call.attempt <= a)
     }
+}
+
+fn rule_salt(index: usize) -> u64 {
+    (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// A number in [0, 1) fixed by the seed and the call, so a replay decides alike.
@@ -346,6 +351,30 @@ mod tests {
         assert_eq!(fired, again);
         let share = fired.iter().filter(|f| **f).count() as f64 / 4_000.0;
         assert!((0.22..0.28).contains(&share), "{share}");
+    }
+
+    #[test]
+    fn probabilistic_rules_draw_independently() {
+        let rule = |status| FaultRule {
+            matches: Match::default(),
+            side: Side::Coordinator,
+            probability: Some(0.1),
+            times: None,
+            fault: Fault::Status { status },
+        };
+        let plan = FaultPlan {
+            seed: 1,
+            rules: vec![rule(500), rule(503)],
+            ..FaultPlan::default()
+        };
+        let fired = (0..10_000)
+            .filter(|i| {
+                plan.fault_for(Side::Coordinator, &key(&format!("g{i}"), "action", 1))
+                    .is_some()
+            })
+            .count() as f64
+            / 10_000.0;
+        assert!((0.17..0.21).contains(&fired), "{fired}");
     }
 
     #[test]

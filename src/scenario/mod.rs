@@ -27,8 +27,10 @@ use crate::faults::{
 };
 use idem_demo::{coupon, inventory, payment};
 
+mod chaos;
 mod checks;
 
+pub use chaos::{ChaosConfig, scenario as chaos_scenario};
 pub use checks::check;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -256,18 +258,52 @@ impl Report {
         out
     }
 
-    /// Participant calls in all.
+    /// Calls made to participants: idem's (from the timeline) and the client's Trys.
     pub fn calls(&self) -> usize {
-        self.deliveries.len()
+        let by_idem = self
+            .timeline
+            .iter()
+            .filter(|e| matches!(e, TimelineEvent::Call { .. }))
+            .count();
+        let tries = self
+            .deliveries
+            .iter()
+            .filter(|d| d.call.op == "try")
+            .count();
+        by_idem + tries
+    }
+
+    /// A summary: how many transactions ended how, faults, restarts, violations, time.
+    pub fn summary(&self) -> String {
+        let mut by_status: BTreeMap<&str, usize> = BTreeMap::new();
+        for s in self.statuses.values() {
+            *by_status.entry(s.as_str()).or_default() += 1;
+        }
+        let calls = self.calls().max(1);
+        format!(
+            "transactions: {} ({})\nparticipant calls: {}, faults fired: {} ({:.1} % of calls; {} by idem's transport, {} in front of participants)\ncoordinator restarts after SIGKILL or crash: {}\nstalled, then retried by the operator: {}\nviolations: {}\nwall time: {:.1} s",
+            self.statuses.len(),
+            by_status
+                .iter()
+                .map(|(s, n)| format!("{n} {s}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            calls,
+            self.faults(),
+            100.0 * self.faults() as f64 / calls as f64,
+            fault_signature(&self.timeline).len(),
+            self.participant_faults().len(),
+            self.restarts,
+            self.stalled_seen.len(),
+            self.violations.len(),
+            self.wall_ms as f64 / 1_000.0
+        )
     }
 
     /// The timeline in a readable form, in time order.
     pub fn describe_timeline(&self) -> Vec<String> {
         let mut events: Vec<&TimelineEvent> = self.timeline.iter().collect();
-        events.sort_by_key(|e| match e {
-            TimelineEvent::Call { at, .. } | TimelineEvent::Status { at, .. } => *at,
-            _ => i64::MAX,
-        });
+        events.sort_by_key(|e| e.at());
         let mut lines: Vec<String> = events.iter().map(|e| e.describe()).collect();
         for d in &self.deliveries {
             if let Some(f) = &d.fault {
@@ -363,6 +399,7 @@ impl Launch {
                     gid,
                     node,
                     action: CrashAction::Crash,
+                    ..
                 } if node == self.node => Some((point, gid)),
                 _ => None,
             })
