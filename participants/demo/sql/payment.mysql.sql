@@ -5,7 +5,8 @@ CREATE TABLE IF NOT EXISTS payment_accounts (
     frozen BIGINT NOT NULL DEFAULT 0,
     CONSTRAINT payment_accounts_frozen CHECK (frozen >= 0 AND frozen <= balance)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
--- One row per TCC branch that froze money. status: frozen -> debited | released.
+-- One row per branch that moved money. status: frozen -> debited | released (TCC);
+-- debited -> refunded (saga).
 CREATE TABLE IF NOT EXISTS payment_ledger (
     gid VARCHAR(128) NOT NULL,
     branch_id VARCHAR(128) NOT NULL,

@@ -5,7 +5,8 @@ CREATE TABLE IF NOT EXISTS payment_accounts (
     frozen INTEGER NOT NULL DEFAULT 0,
     CONSTRAINT payment_accounts_frozen CHECK (frozen >= 0 AND frozen <= balance)
 );
--- One row per TCC branch that froze money. status: frozen -> debited | released.
+-- One row per branch that moved money. status: frozen -> debited | released (TCC);
+-- debited -> refunded (saga).
 CREATE TABLE IF NOT EXISTS payment_ledger (
     gid TEXT NOT NULL,
     branch_id TEXT NOT NULL,

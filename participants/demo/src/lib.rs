@@ -4,7 +4,7 @@
 //!   (Cancel); or a saga step that sells at once (action) and takes the sale back
 //!   (compensate);
 //! * [`payment`]: a TCC branch that freezes money (Try), debits it (Confirm) or unfreezes it
-//!   (Cancel);
+//!   (Cancel); or a saga step that debits at once (action) and refunds (compensate);
 //! * [`coupon`]: a saga step that issues a coupon (action) and revokes that same coupon
 //!   (compensate).
 //!

@@ -195,11 +195,11 @@ async fn freeze_op(
 
 async fn step(pool: &AnyPool, call: &BranchCall, body: &[u8]) -> StepResponse<LedgerEntry> {
     let op = call
-        .expect_op(&[Op::Try, Op::Confirm, Op::Cancel])
+        .expect_op(&[Op::Try, Op::Confirm, Op::Cancel, Op::Action, Op::Compensate])
         .map_err(err_response)?;
     let barrier = call.barrier();
     let outcome = match op {
-        Op::Try => {
+        Op::Try | Op::Action => {
             let req: FreezeRequest = parse_payload(body).map_err(err_response)?;
             if req.amount <= 0 {
                 return Err(err_response(ParticipantError::refused(
@@ -208,36 +208,58 @@ async fn step(pool: &AnyPool, call: &BranchCall, body: &[u8]) -> StepResponse<Le
             }
             let req = &req;
             barrier
-                .run(pool, |tx| async move { try_freeze(&tx, req).await })
+                .run(pool, |tx| async move { take(&tx, req).await })
                 .await
         }
         Op::Confirm => {
             barrier
-                .run(pool, |tx| async move { settle(&tx, "debited").await })
+                .run(
+                    pool,
+                    |tx| async move { settle(&tx, "frozen", "debited").await },
+                )
+                .await
+        }
+        Op::Compensate => {
+            barrier
+                .run(pool, |tx| async move {
+                    settle(&tx, "debited", "refunded").await
+                })
                 .await
         }
         _ => {
             barrier
-                .run(pool, |tx| async move { settle(&tx, "released").await })
+                .run(
+                    pool,
+                    |tx| async move { settle(&tx, "frozen", "released").await },
+                )
                 .await
         }
     };
     outcome.map_err(err_response)
 }
 
-async fn try_freeze(
-    tx: &StepTx<'_, Any>,
-    req: &FreezeRequest,
-) -> Result<LedgerEntry, ParticipantError> {
-    let frozen = sqlx::query(tx.sql(
-        "UPDATE payment_accounts SET frozen = frozen + ? WHERE account = ? AND balance - frozen >= ?",
-    ))
-    .bind(req.amount)
-    .bind(req.account.as_str())
-    .bind(req.amount)
-    .execute(&mut *tx.conn())
-    .await?
-    .rows_affected();
+/// TCC Try freezes the amount; a saga action debits it at once (status `debited`), since
+/// a saga has no second phase to confirm it.
+async fn take(tx: &StepTx<'_, Any>, req: &FreezeRequest) -> Result<LedgerEntry, ParticipantError> {
+    let saga = tx.op() == Op::Action;
+    let (update, status) = if saga {
+        (
+            "UPDATE payment_accounts SET balance = balance - ? WHERE account = ? AND balance - frozen >= ?",
+            "debited",
+        )
+    } else {
+        (
+            "UPDATE payment_accounts SET frozen = frozen + ? WHERE account = ? AND balance - frozen >= ?",
+            "frozen",
+        )
+    };
+    let frozen = sqlx::query(tx.sql(update))
+        .bind(req.amount)
+        .bind(req.account.as_str())
+        .bind(req.amount)
+        .execute(&mut *tx.conn())
+        .await?
+        .rows_affected();
     if frozen == 0 {
         let row =
             sqlx::query(tx.sql("SELECT balance - frozen FROM payment_accounts WHERE account = ?"))
@@ -254,12 +276,13 @@ async fn try_freeze(
         }));
     }
     sqlx::query(tx.sql(
-        "INSERT INTO payment_ledger (gid, branch_id, account, amount, status) VALUES (?, ?, ?, ?, 'frozen')",
+        "INSERT INTO payment_ledger (gid, branch_id, account, amount, status) VALUES (?, ?, ?, ?, ?)",
     ))
     .bind(tx.gid())
     .bind(tx.branch_id())
     .bind(req.account.as_str())
     .bind(req.amount)
+    .bind(status)
     .execute(&mut *tx.conn())
     .await?;
     Ok(LedgerEntry {
@@ -267,20 +290,25 @@ async fn try_freeze(
         branch_id: tx.branch_id().to_owned(),
         account: req.account.clone(),
         amount: req.amount,
-        status: "frozen".into(),
+        status: status.into(),
     })
 }
 
 /// Confirm (`debited`) or Cancel (`released`) the money this branch froze. As in the
 /// inventory, the ledger UPDATE runs first so that the row read after it is current.
-async fn settle(tx: &StepTx<'_, Any>, to: &str) -> Result<LedgerEntry, ParticipantError> {
+async fn settle(
+    tx: &StepTx<'_, Any>,
+    from: &str,
+    to: &str,
+) -> Result<LedgerEntry, ParticipantError> {
     let changed = sqlx::query(tx.sql(
         "UPDATE payment_ledger SET status = ?, updated_at = CURRENT_TIMESTAMP \
-         WHERE gid = ? AND branch_id = ? AND status = 'frozen'",
+         WHERE gid = ? AND branch_id = ? AND status = ?",
     ))
     .bind(to)
     .bind(tx.gid())
     .bind(tx.branch_id())
+    .bind(from)
     .execute(&mut *tx.conn())
     .await?
     .rows_affected();
@@ -310,14 +338,16 @@ async fn settle(tx: &StepTx<'_, Any>, to: &str) -> Result<LedgerEntry, Participa
             )));
         }
     };
-    let debit = to == "debited";
-    let sql = if debit {
-        "UPDATE payment_accounts SET balance = balance - ?, frozen = frozen - ? WHERE account = ?"
-    } else {
-        "UPDATE payment_accounts SET frozen = frozen - ? WHERE account = ?"
+    let sql = match to {
+        "debited" => {
+            "UPDATE payment_accounts SET balance = balance - ?, frozen = frozen - ? WHERE account = ?"
+        }
+        // Saga compensation: the debited money comes back.
+        "refunded" => "UPDATE payment_accounts SET balance = balance + ? WHERE account = ?",
+        _ => "UPDATE payment_accounts SET frozen = frozen - ? WHERE account = ?",
     };
     let mut query = sqlx::query(tx.sql(sql));
-    if debit {
+    if to == "debited" {
         query = query.bind(entry.amount);
     }
     query

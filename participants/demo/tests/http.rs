@@ -741,6 +741,56 @@ async fn inventory_saga_sells_and_compensation_returns_the_same_stock_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payment_saga_debits_and_compensation_refunds_once() {
+    for db in testing::all("http_payment_saga").await {
+        let env = Env::payment(db).await;
+        payment::seed(&env.pool, "zoe", 100).await.unwrap();
+        let g = gid("saga-pay");
+        let payload = json!({"account": "zoe", "amount": 40});
+        let (s, b) = env
+            .call(payment::FREEZE_PATH, "saga", &g, "02", "action", &payload)
+            .await;
+        assert_eq!(
+            (s, b["outcome"].as_str()),
+            (200, Some("executed")),
+            "{}: {b}",
+            env.name()
+        );
+        let after = payment::balance(&env.pool, "zoe").await.unwrap().unwrap();
+        assert_eq!((after.balance, after.frozen), (60, 0), "{}", env.name());
+        for expected in ["executed", "duplicate"] {
+            let (s, b) = env
+                .call(
+                    payment::FREEZE_PATH,
+                    "saga",
+                    &g,
+                    "02",
+                    "compensate",
+                    &payload,
+                )
+                .await;
+            assert_eq!((s, b["outcome"].as_str()), (200, Some(expected)), "{b}");
+            assert_eq!(b["result"]["status"], "refunded");
+        }
+        let back = payment::balance(&env.pool, "zoe").await.unwrap().unwrap();
+        assert_eq!((back.balance, back.frozen), (100, 0), "{}", env.name());
+        // More than the balance: refused, nothing moves.
+        let (s, _) = env
+            .call(
+                payment::FREEZE_PATH,
+                "saga",
+                &gid("saga-pay-big"),
+                "02",
+                "action",
+                &json!({"account": "zoe", "amount": 500}),
+            )
+            .await;
+        assert_eq!(s, 409);
+        env.finish().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_callbacks_are_answered_clearly() {
     // Parameter validation does not depend on the backend.
     let db = TestDatabase::create(testing::Backend::Sqlite, "http_bad_callbacks")
