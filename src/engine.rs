@@ -168,6 +168,8 @@ pub struct NewPrepared {
     pub msg_steps: Vec<(String, String)>,
     /// Msg: where to ask whether the application's local transaction committed.
     pub query_prepared: Option<String>,
+    /// TCC: branches registered with the transaction, in the same database write.
+    pub branches: Vec<Branch>,
     pub request: serde_json::Value,
 }
 
@@ -294,6 +296,9 @@ impl Engine {
                 branches.push(Branch::new(id, Action::Action, i as i32, url, payload, now));
             }
             tx.add_branches(branches);
+        }
+        if new.kind == Kind::Tcc {
+            tx.add_branches(new.branches);
         }
         self.create(tx, &new.request, None).await
     }

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod core;
 pub mod engine;
 pub mod faults;
+pub mod metrics;
 pub mod scenario;
 pub mod server;
 pub mod store;

@@ -1,13 +1,20 @@
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
+    // IDEM_COUNT_SQL=1 counts every statement sqlx runs (served in /metrics); the
+    // benchmark turns it on for its counting pass.
+    idem::metrics::set_sql_counting(std::env::var("IDEM_COUNT_SQL").is_ok_and(|v| v == "1"));
+    let counting = idem::metrics::SqlCountingLayer.with_filter(idem::metrics::counting_filter());
+    tracing_subscriber::registry()
+        .with(log)
+        .with(counting)
         .init();
     let cli = idem::cli::Cli::parse();
     if let Err(e) = idem::cli::run(cli).await {

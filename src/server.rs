@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use std::path::PathBuf;
 
 use crate::api::{self, AppState};
-use crate::engine::{Engine, EngineConfig, NoObserver, Observer, SystemClock};
+use crate::engine::{Engine, EngineConfig, Observer, SystemClock};
 use crate::faults::{CrashOnPlan, FaultPlan, FaultyTransport, Observers, Timeline};
 use crate::store::{self, ConnectOptions, Store};
 use crate::transport::{HttpTransport, Transport};
@@ -95,7 +95,8 @@ pub async fn start_with(
         Some(path) => Some(Timeline::to_file(&node, path)?),
         None => None,
     };
-    let mut observers: Vec<Arc<dyn Observer>> = Vec::new();
+    crate::metrics::install();
+    let mut observers: Vec<Arc<dyn Observer>> = vec![Arc::new(crate::metrics::MetricsObserver)];
     if let Some(t) = &timeline {
         observers.push(Arc::clone(t) as Arc<dyn Observer>);
     }
@@ -110,10 +111,7 @@ pub async fn start_with(
         }
         None => transport,
     };
-    let observer: Arc<dyn Observer> = match observers.len() {
-        0 => Arc::new(NoObserver),
-        _ => Arc::new(Observers(observers)),
-    };
+    let observer: Arc<dyn Observer> = Arc::new(Observers(observers));
     let engine = Engine::new(
         store,
         transport,

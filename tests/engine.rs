@@ -428,3 +428,33 @@ async fn bad_input_gets_a_4xx_and_changes_nothing() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn tcc_branches_can_be_registered_with_the_transaction() {
+    each_backend("tcc_branches_with_create", |api, p, b| async move {
+        let body = json!({"gid": "tcc-one-shot", "kind": "tcc",
+                          "branches": [tcc_branch(&p, "inventory"), tcc_branch(&p, "payment")]});
+        let (code, tx) = api.post("/api/v1/transactions", body.clone()).await;
+        assert_eq!(code, 201, "{b}: {tx}");
+        assert_eq!(tx["branches"].as_array().unwrap().len(), 4, "{b}: {tx:#}");
+        // A repeat is harmless; registering one of them again separately too.
+        assert_eq!(api.post("/api/v1/transactions", body).await.0, 200);
+        let (code, _) = api.post("/api/v1/transactions/tcc-one-shot/branches", tcc_branch(&p, "payment")).await;
+        assert_eq!(code, 200, "{b}");
+        let (_, tx) = api.post("/api/v1/transactions/tcc-one-shot/submit", json!({"wait_result": true})).await;
+        assert_eq!(tx["status"], "succeeded", "{b}: {tx:#}");
+        assert_eq!(p.paths("tcc-one-shot").len(), 2);
+
+        let twice = json!({"gid": "dup-branch", "kind": "tcc", "branches": [tcc_branch(&p, "a"), tcc_branch(&p, "a")]});
+        let (code, err) = api.post("/api/v1/transactions", twice).await;
+        assert_eq!((code, err["error"]["code"].as_str()), (400, Some("invalid_request")), "{b}: {err}");
+        let saga = json!({"gid": "saga-branches", "kind": "saga", "steps": saga_steps(&p, 1), "branches": [tcc_branch(&p, "a")]});
+        assert_eq!(api.post("/api/v1/transactions", saga).await.0, 400);
+        let mut bad = tcc_branch(&p, "a");
+        bad["confirm"] = json!("nope");
+        let (code, err) = api.post("/api/v1/transactions", json!({"gid": "bad-url", "kind": "tcc", "branches": [bad]})).await;
+        assert_eq!((code, err["error"]["code"].as_str()), (400, Some("invalid_url")), "{b}");
+        assert_eq!(api.get("/api/v1/transactions/bad-url").await.0, 404, "{b}: nothing stored");
+    })
+    .await;
+}

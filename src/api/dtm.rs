@@ -371,6 +371,7 @@ async fn create_prepared(app: &AppState, t: &Trans) -> Result<StoredTx, DtmError
                 .map(|(a, _, p)| (a.clone(), p.clone()))
                 .collect(),
             query_prepared: t.query_prepared.clone(),
+            branches: Vec::new(),
             request: t.identity.clone(),
         })
         .await?;

@@ -27,10 +27,15 @@ pub const MAX_BODY: usize = 1 << 20;
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .merge(native::routes())
         .merge(dtm::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
+}
+
+async fn metrics() -> String {
+    crate::metrics::render()
 }
 
 async fn health(State(app): State<Arc<AppState>>) -> Json<serde_json::Value> {

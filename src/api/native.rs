@@ -239,8 +239,50 @@ struct CreateRequest {
     #[serde(default)]
     options: OptionsRequest,
     query_prepared: Option<String>,
+    /// TCC: branches to register with the transaction, in one request.
+    #[serde(default)]
+    branches: Vec<BranchSpec>,
     #[serde(default)]
     wait_result: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BranchSpec {
+    branch_id: String,
+    confirm: String,
+    cancel: String,
+    #[serde(default)]
+    payload: Value,
+}
+
+impl BranchSpec {
+    /// Checks the fields and builds the Confirm and Cancel operations.
+    fn operations(&self, now: Millis) -> Result<[Branch; 2], ApiError> {
+        check_id("branch_id", "invalid_branch_id", &self.branch_id)?;
+        check_url("confirm", &self.confirm)?;
+        check_url("cancel", &self.cancel)?;
+        let payload = payload_text(&self.payload);
+        // TCC branches have no order among them: Confirms (or Cancels) all go out together.
+        Ok([
+            Branch::new(
+                &self.branch_id,
+                Action::Confirm,
+                0,
+                &self.confirm,
+                &payload,
+                now,
+            ),
+            Branch::new(
+                &self.branch_id,
+                Action::Cancel,
+                0,
+                &self.cancel,
+                &payload,
+                now,
+            ),
+        ])
+    }
 }
 
 /// The body sent to a participant: the payload's JSON text; null means an empty body.
@@ -294,6 +336,12 @@ async fn create(
                     "a saga needs at least one step",
                 ));
             }
+            if !req.branches.is_empty() {
+                return Err(ApiError::bad_request(
+                    "invalid_request",
+                    "a saga takes steps, not branches",
+                ));
+            }
             if req.query_prepared.is_some() {
                 return Err(ApiError::bad_request(
                     "invalid_request",
@@ -333,6 +381,24 @@ async fn create(
                     "a TCC transaction takes branches, not steps",
                 ));
             }
+            if kind == Kind::Msg && !req.branches.is_empty() {
+                return Err(ApiError::bad_request(
+                    "invalid_request",
+                    "a msg takes steps, not branches",
+                ));
+            }
+            let now = app.engine.now();
+            let mut branches = Vec::new();
+            let mut seen = std::collections::BTreeSet::new();
+            for spec in &req.branches {
+                if !seen.insert(spec.branch_id.as_str()) {
+                    return Err(ApiError::bad_request(
+                        "invalid_request",
+                        format!("branch {:?} is listed twice", spec.branch_id),
+                    ));
+                }
+                branches.extend(spec.operations(now)?);
+            }
             if kind == Kind::Msg && req.steps.is_empty() {
                 return Err(ApiError::bad_request(
                     "empty_steps",
@@ -361,6 +427,7 @@ async fn create(
                     options,
                     msg_steps,
                     query_prepared: req.query_prepared,
+                    branches,
                     request,
                 })
                 .await?
@@ -398,39 +465,21 @@ async fn register(
 ) -> Result<Response, ApiError> {
     check_id("gid", "invalid_gid", &gid)?;
     let (req, _): (RegisterRequest, Value) = parse_body(body, None)?;
-    check_id("branch_id", "invalid_branch_id", &req.branch_id)?;
-    check_url("confirm", &req.confirm)?;
-    check_url("cancel", &req.cancel)?;
+    let spec = BranchSpec {
+        branch_id: req.branch_id.clone(),
+        confirm: req.confirm,
+        cancel: req.cancel,
+        payload: req.payload,
+    };
+    let now = app.engine.now();
+    let mut branches = spec.operations(now)?.to_vec();
     if let Some(url) = &req.try_url {
         check_url("try", url)?;
-    }
-    let now = app.engine.now();
-    let payload = payload_text(&req.payload);
-    // TCC branches have no order among them: Confirms (or Cancels) all go out together.
-    let seq = 0;
-    let mut branches = vec![
-        Branch::new(
-            &req.branch_id,
-            Action::Confirm,
-            seq,
-            &req.confirm,
-            &payload,
-            now,
-        ),
-        Branch::new(
-            &req.branch_id,
-            Action::Cancel,
-            seq,
-            &req.cancel,
-            &payload,
-            now,
-        ),
-    ];
-    if let Some(url) = &req.try_url {
+        let payload = payload_text(&spec.payload);
         branches.push(Branch::new(
             &req.branch_id,
             Action::Try,
-            seq,
+            0,
             url,
             &payload,
             now,

@@ -1,0 +1,179 @@
+//! Prometheus metrics (`GET /metrics`) and the SQL statement counter used by the benchmark.
+//!
+//! Labels are low-cardinality on purpose: kinds, statuses, ops and outcomes, never gids.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, Layer};
+
+use crate::core::{Millis, Status};
+use crate::engine::Observer;
+use crate::transport::{CallRequest, CallResult};
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide recorder once and returns the handle that renders it.
+pub fn install() -> &'static PrometheusHandle {
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .install_recorder()
+            .unwrap_or_else(|_| {
+                // Another recorder is installed (an embedding application's): render an
+                // empty one rather than fail.
+                PrometheusBuilder::new().build_recorder().handle()
+            })
+    })
+}
+
+/// The Prometheus text exposition of every metric, SQL counts included.
+pub fn render() -> String {
+    let mut text = install().render();
+    let counts = SQL.snapshot();
+    if counts != SqlCounts::default() || SQL_COUNTING.load(Ordering::Relaxed) {
+        text.push_str(&format!(
+            "# TYPE idem_sql_statements_total counter\nidem_sql_statements_total{{kind=\"read\"}} {}\nidem_sql_statements_total{{kind=\"write\"}} {}\n# TYPE idem_sql_commits_total counter\nidem_sql_commits_total {}\n# TYPE idem_sql_begins_total counter\nidem_sql_begins_total {}\n",
+            counts.reads, counts.writes, counts.commits, counts.begins
+        ));
+    }
+    text
+}
+
+/// Counts engine events into metrics.
+pub struct MetricsObserver;
+
+impl Observer for MetricsObserver {
+    fn call(&self, request: &CallRequest, result: &CallResult, _started_at: Millis) {
+        metrics::counter!(
+            "idem_branch_calls_total",
+            "op" => request.action.op(),
+            "outcome" => result.outcome.label()
+        )
+        .increment(1);
+        metrics::histogram!("idem_branch_call_seconds", "op" => request.action.op())
+            .record(result.duration.as_secs_f64());
+    }
+
+    fn status(&self, _gid: &str, _from: Status, to: Status, _at: Millis) {
+        metrics::counter!("idem_transactions_total", "status" => to.as_str()).increment(1);
+    }
+
+    fn fenced(&self, _gid: &str) {
+        metrics::counter!("idem_stale_writes_refused_total").increment(1);
+    }
+}
+
+// ---- counting SQL --------------------------------------------------------------------
+
+/// SQL statements executed by this process, as sqlx reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SqlCounts {
+    pub reads: u64,
+    pub writes: u64,
+    pub begins: u64,
+    pub commits: u64,
+    pub rollbacks: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    begins: AtomicU64,
+    commits: AtomicU64,
+    rollbacks: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> SqlCounts {
+        SqlCounts {
+            reads: self.reads.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            begins: self.begins.load(Ordering::Relaxed),
+            commits: self.commits.load(Ordering::Relaxed),
+            rollbacks: self.rollbacks.load(Ordering::Relaxed),
+        }
+    }
+}
+
+static SQL: Counters = Counters {
+    reads: AtomicU64::new(0),
+    writes: AtomicU64::new(0),
+    begins: AtomicU64::new(0),
+    commits: AtomicU64::new(0),
+    rollbacks: AtomicU64::new(0),
+};
+static SQL_COUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What this process has executed so far (zero unless counting is on).
+pub fn sql_counts() -> SqlCounts {
+    SQL.snapshot()
+}
+
+/// Turns statement counting on or off for this process.
+pub fn set_sql_counting(on: bool) {
+    SQL_COUNTING.store(on, Ordering::Relaxed);
+}
+
+pub fn sql_counting() -> bool {
+    SQL_COUNTING.load(Ordering::Relaxed)
+}
+
+/// A tracing layer that counts the statements sqlx logs (target `sqlx::query`), so that
+/// statements and commits per transaction are counted, not estimated. It is installed
+/// with [`counting_filter`], so that while counting is off sqlx does not even build the
+/// log events; the benchmark counts in a separate pass from the one it times.
+pub struct SqlCountingLayer;
+
+/// The per-layer filter for [`SqlCountingLayer`]: sqlx's query events, while counting is on.
+pub fn counting_filter<S>() -> impl tracing_subscriber::layer::Filter<S> {
+    tracing_subscriber::filter::filter_fn(|meta| {
+        meta.target() == "sqlx::query" && SQL_COUNTING.load(Ordering::Relaxed)
+    })
+}
+
+struct StatementText(Option<String>);
+
+impl Visit for StatementText {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "db.statement" || (field.name() == "summary" && self.0.is_none()) {
+            self.0 = Some(value.to_owned());
+        }
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "db.statement" || (field.name() == "summary" && self.0.is_none()) {
+            self.0 = Some(format!("{value:?}"));
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for SqlCountingLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        if event.metadata().target() != "sqlx::query" {
+            return;
+        }
+        let mut text = StatementText(None);
+        event.record(&mut text);
+        let Some(text) = text.0 else { return };
+        let head = text
+            .trim_start_matches(|c: char| c.is_whitespace() || c == '"' || c == '\n')
+            .to_ascii_uppercase();
+        let counter = if head.starts_with("BEGIN") || head.starts_with("START TRANSACTION") {
+            &SQL.begins
+        } else if head.starts_with("COMMIT") {
+            &SQL.commits
+        } else if head.starts_with("ROLLBACK") {
+            &SQL.rollbacks
+        } else if head.starts_with("SELECT")
+            || head.starts_with("SHOW")
+            || head.starts_with("PRAGMA")
+        {
+            &SQL.reads
+        } else {
+            &SQL.writes
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
