@@ -50,6 +50,36 @@ pub enum Command {
     /// A chaos run: many orders, random faults, coordinators killed with SIGKILL; checks
     /// the invariants at the end.
     Chaos(ChaosArgs),
+    /// Load test: C clients run global transactions end to end against an `idem serve`
+    /// process and the example participants; prints throughput, latency, SQL per
+    /// transaction and the coordinator's peak RSS.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value = "tcc")]
+    pub workload: crate::bench::Workload,
+    /// sqlite, postgres or mysql (coordinator and participants on the same server).
+    #[arg(long, default_value = "sqlite")]
+    pub backend: String,
+    #[arg(long, default_value_t = 32)]
+    pub clients: usize,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 20)]
+    pub duration: u64,
+    /// Seconds run before measuring.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u64,
+    /// Transactions in the SQL-counting pass (0 skips it).
+    #[arg(long, default_value_t = 200)]
+    pub count: usize,
+    /// Write the result as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// An extra `idem serve` argument for the coordinator (repeatable).
+    #[arg(long = "serve-arg", allow_hyphen_values = true)]
+    pub serve_args: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -190,6 +220,7 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
         Command::Tx(cmd) => tx(cmd).await,
         Command::Replay(args) => replay(args).await,
         Command::Chaos(args) => chaos(args).await,
+        Command::Bench(args) => bench(args).await,
     }
 }
 
@@ -237,6 +268,27 @@ async fn shutdown_signal() {
     {
         let _ = ctrl_c.await;
     }
+}
+
+async fn bench(args: BenchArgs) -> Result<(), BoxError> {
+    let config = crate::bench::BenchConfig {
+        workload: args.workload,
+        backend: args.backend,
+        clients: args.clients.max(1),
+        duration: Duration::from_secs(args.duration.max(1)),
+        warmup: Duration::from_secs(args.warmup),
+        count: args.count,
+        idem_bin: std::env::current_exe()?,
+        serve_args: args.serve_args,
+        progress: true,
+    };
+    let result = crate::bench::run(&config).await?;
+    print!("{}", result.table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 async fn replay(args: ReplayArgs) -> Result<(), BoxError> {

@@ -13,3 +13,4 @@ pub mod scenario;
 pub mod server;
 pub mod store;
 pub mod transport;
+pub mod bench;
