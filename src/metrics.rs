@@ -128,24 +128,56 @@ pub fn sql_counting() -> bool {
 pub struct SqlCountingLayer;
 
 /// The per-layer filter for [`SqlCountingLayer`]: sqlx's query events, while counting is on.
-pub fn counting_filter<S>() -> impl tracing_subscriber::layer::Filter<S> {
-    tracing_subscriber::filter::filter_fn(|meta| {
-        meta.target() == "sqlx::query" && SQL_COUNTING.load(Ordering::Relaxed)
-    })
+/// Its interest in sqlx's callsites is "sometimes", so that turning counting on later in
+/// the process takes effect (a cached "never" would not).
+pub fn counting_filter() -> CountingFilter {
+    CountingFilter
 }
 
-struct StatementText(Option<String>);
+pub struct CountingFilter;
+
+impl<S> tracing_subscriber::layer::Filter<S> for CountingFilter {
+    fn enabled(&self, meta: &tracing::Metadata<'_>, _cx: &Context<'_, S>) -> bool {
+        meta.target() == "sqlx::query" && SQL_COUNTING.load(Ordering::Relaxed)
+    }
+
+    fn callsite_enabled(&self, meta: &'static tracing::Metadata<'static>) -> tracing::subscriber::Interest {
+        if meta.target() == "sqlx::query" {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    }
+}
+
+/// sqlx puts a short statement in `summary` and leaves `db.statement` empty; a long one
+/// is cut in `summary` and whole in `db.statement`. Either starts with the keyword.
+#[derive(Default)]
+struct StatementText {
+    summary: Option<String>,
+    statement: Option<String>,
+}
+
+impl StatementText {
+    fn record(&mut self, field: &Field, value: String) {
+        match field.name() {
+            "summary" => self.summary = Some(value),
+            "db.statement" if !value.trim().is_empty() => self.statement = Some(value),
+            _ => {}
+        }
+    }
+
+    fn text(self) -> Option<String> {
+        self.statement.or(self.summary)
+    }
+}
 
 impl Visit for StatementText {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "db.statement" || (field.name() == "summary" && self.0.is_none()) {
-            self.0 = Some(value.to_owned());
-        }
+        self.record(field, value.to_owned());
     }
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "db.statement" || (field.name() == "summary" && self.0.is_none()) {
-            self.0 = Some(format!("{value:?}"));
-        }
+        self.record(field, format!("{value:?}"));
     }
 }
 
@@ -154,9 +186,9 @@ impl<S: tracing::Subscriber> Layer<S> for SqlCountingLayer {
         if event.metadata().target() != "sqlx::query" {
             return;
         }
-        let mut text = StatementText(None);
+        let mut text = StatementText::default();
         event.record(&mut text);
-        let Some(text) = text.0 else { return };
+        let Some(text) = text.text() else { return };
         let head = text
             .trim_start_matches(|c: char| c.is_whitespace() || c == '"' || c == '\n')
             .to_ascii_uppercase();

@@ -7,9 +7,14 @@ use futures::future::BoxFuture;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgQueryResult};
 use sqlx::{Pool, Postgres, Transaction};
 
-use super::sql::{ACTIVE_STATUSES, Dialect, SqlStore};
-use super::{ConnectOptions, Lease, Result};
+use super::sql::{
+    ACTIVE_STATUSES, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET, SqlStore,
+    clip, translate,
+};
+use super::{ConnectOptions, Guard, Lease, Result, Save, Saved};
 use crate::core::Millis;
+
+type Tx = crate::core::Transaction;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
@@ -29,6 +34,23 @@ impl Dialect for Postgres {
 
     fn begin_write(pool: &Pool<Self>) -> BoxFuture<'_, sqlx::Result<Transaction<'static, Self>>> {
         pool.begin().boxed()
+    }
+
+    fn save_in_one_statement<'a>(
+        store: &'a SqlStore<Self>,
+        save: &'a Save<'a>,
+        groups: &'a [BranchGroup<'a>],
+    ) -> Option<BoxFuture<'a, Result<Saved>>> {
+        Some(save_with_ctes(store, save, groups).boxed())
+    }
+
+    fn create_in_one_statement<'a>(
+        store: &'a SqlStore<Self>,
+        tx: &'a Tx,
+        request_hash: &'a str,
+        lease: Option<&'a Lease>,
+    ) -> Option<BoxFuture<'a, Result<bool>>> {
+        Some(create_with_ctes(store, tx, request_hash, lease).boxed())
     }
 
     fn claim<'a>(
@@ -64,7 +86,147 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<Pos
     let connect = PgConnectOptions::from_str(url)?;
     let pool = PgPoolOptions::new()
         .max_connections(options.max_connections)
-        .connect_with(connect)
+        .connect_with(connect.clone())
         .await?;
-    Ok(SqlStore::new(pool))
+    let relaxed = PgPoolOptions::new()
+        .max_connections((options.max_connections / 4).max(2))
+        .connect_with(connect.options([("synchronous_commit", "off")]))
+        .await?;
+    let mut store = SqlStore::new(pool);
+    store.relaxed_pool = Some(relaxed);
+    Ok(store)
+}
+
+/// A whole save as one statement: the global row's conditional UPDATE, and, only if it
+/// matched, the branch UPDATEs and the attempt INSERT, as data-modifying CTEs. One round
+/// trip and no BEGIN/COMMIT; atomic like any single statement.
+async fn save_with_ctes(
+    store: &SqlStore<Postgres>,
+    save: &Save<'_>,
+    groups: &[BranchGroup<'_>],
+) -> Result<Saved> {
+    let (before, after) = (save.before, save.after);
+    let guard = match save.guard {
+        Guard::Owner(_) => "owner_token = ?",
+        Guard::Version(_) => "version = ?",
+    };
+    let mut sql = format!(
+        "WITH g AS (UPDATE idem_global SET {GLOBAL_SET} WHERE gid = ? AND status = ? AND {guard} RETURNING gid)"
+    );
+    for (i, group) in groups.iter().enumerate() {
+        let ids = vec!["?"; group.branch_ids.len()].join(", ");
+        sql.push_str(&format!(
+            ", b{i} AS (UPDATE idem_branch SET {BRANCH_SET} FROM g \
+             WHERE idem_branch.gid = g.gid AND idem_branch.action = ? AND idem_branch.branch_id IN ({ids}))"
+        ));
+    }
+    if !save.attempts.is_empty() {
+        let row = "(?::varchar, ?::varchar, ?::int, ?::bigint, ?::bigint, ?::varchar, ?::text)";
+        let rows = vec![row; save.attempts.len()].join(", ");
+        sql.push_str(&format!(
+            ", a AS (INSERT INTO idem_attempt (gid, branch_id, action, attempt, started_at, duration_ms, outcome, detail) \
+             SELECT g.gid, v.* FROM g, (VALUES {rows}) AS v(branch_id, action, attempt, started_at, duration_ms, outcome, detail))"
+        ));
+    }
+    sql.push_str(" SELECT count(*) FROM g");
+    let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(translate(&sql, true)))
+        .bind(after.status.as_str())
+        .bind(after.stalled_from.map(|s| s.as_str()))
+        .bind(after.attempts)
+        .bind(after.next_attempt_at)
+        .bind(clip(&after.last_error))
+        .bind(after.reason.as_deref())
+        .bind(after.timeout_at)
+        .bind(after.updated_at)
+        .bind(after.finished_at)
+        .bind(save.lease.map(|l| l.token.as_str()))
+        .bind(save.lease.map(|l| l.until))
+        .bind(after.gid.as_str())
+        .bind(before.status.as_str());
+    query = match save.guard {
+        Guard::Owner(token) => query.bind(token),
+        Guard::Version(version) => query.bind(version),
+    };
+    for group in groups {
+        let b = group.values;
+        query = query
+            .bind(b.status.as_str())
+            .bind(b.attempts)
+            .bind(b.next_attempt_at)
+            .bind(clip(&b.last_error))
+            .bind(b.updated_at)
+            .bind(b.finished_at)
+            .bind(b.action.as_str());
+        for id in &group.branch_ids {
+            query = query.bind(*id);
+        }
+    }
+    for a in save.attempts {
+        query = query
+            .bind(a.branch_id.as_str())
+            .bind(a.action.as_str())
+            .bind(a.attempt)
+            .bind(a.started_at)
+            .bind(a.duration_ms)
+            .bind(a.outcome.as_str())
+            .bind(clip(&a.detail));
+    }
+    let matched = query.fetch_one(store.pool_for(save)).await?;
+    Ok(if matched == 0 { Saved::Lost } else { Saved::Saved })
+}
+
+/// Creates the global row and its branches in one statement; false if the gid was taken.
+async fn create_with_ctes(
+    store: &SqlStore<Postgres>,
+    tx: &Tx,
+    request_hash: &str,
+    lease: Option<&Lease>,
+) -> Result<bool> {
+    let marks = vec!["?"; 17].join(", ");
+    let mut sql = format!(
+        "WITH g AS (INSERT INTO idem_global ({GLOBAL_COLUMNS}) VALUES ({marks}) ON CONFLICT DO NOTHING RETURNING gid)"
+    );
+    if !tx.branches.is_empty() {
+        let row = "(?::varchar, ?::varchar, ?::int, ?::text, ?::text, ?::varchar, ?::int, ?::bigint, ?::text, ?::bigint, ?::bigint)";
+        let rows = vec![row; tx.branches.len()].join(", ");
+        sql.push_str(&format!(
+            ", b AS (INSERT INTO idem_branch (gid, branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, updated_at, finished_at) \
+             SELECT g.gid, v.* FROM g, (VALUES {rows}) AS v(branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, updated_at, finished_at))"
+        ));
+    }
+    sql.push_str(" SELECT count(*) FROM g");
+    let options = serde_json::to_string(&tx.options).map_err(|e| super::StoreError::Corrupt(e.to_string()))?;
+    let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(translate(&sql, true)))
+        .bind(tx.gid.as_str())
+        .bind(tx.kind.as_str())
+        .bind(tx.status.as_str())
+        .bind(tx.stalled_from.map(|s| s.as_str()))
+        .bind(request_hash)
+        .bind(options)
+        .bind(tx.timeout_at)
+        .bind(tx.attempts)
+        .bind(tx.next_attempt_at)
+        .bind(clip(&tx.last_error))
+        .bind(tx.reason.as_deref())
+        .bind(lease.map(|l| l.token.as_str()))
+        .bind(lease.map(|l| l.until))
+        .bind(0i64)
+        .bind(tx.created_at)
+        .bind(tx.updated_at)
+        .bind(tx.finished_at);
+    for b in &tx.branches {
+        query = query
+            .bind(b.branch_id.as_str())
+            .bind(b.action.as_str())
+            .bind(b.seq)
+            .bind(b.url.as_str())
+            .bind(b.payload.as_str())
+            .bind(b.status.as_str())
+            .bind(b.attempts)
+            .bind(b.next_attempt_at)
+            .bind(clip(&b.last_error))
+            .bind(b.updated_at)
+            .bind(b.finished_at);
+    }
+    Ok(query.fetch_one(&store.pool).await? == 1)
 }

@@ -35,6 +35,26 @@ pub trait Dialect: Database + Sized {
         pool: &Pool<Self>,
     ) -> BoxFuture<'_, sqlx::Result<sqlx::Transaction<'static, Self>>>;
 
+    /// A database that can store a whole save in one statement (PostgreSQL's
+    /// data-modifying CTEs) does it here; `None` means: use a transaction.
+    fn save_in_one_statement<'a>(
+        _store: &'a SqlStore<Self>,
+        _save: &'a Save<'a>,
+        _groups: &'a [BranchGroup<'a>],
+    ) -> Option<BoxFuture<'a, Result<Saved>>> {
+        None
+    }
+
+    /// Likewise for creating a transaction with its branches.
+    fn create_in_one_statement<'a>(
+        _store: &'a SqlStore<Self>,
+        _tx: &'a Transaction,
+        _request_hash: &'a str,
+        _lease: Option<&'a Lease>,
+    ) -> Option<BoxFuture<'a, Result<bool>>> {
+        None
+    }
+
     /// Claims due rows for `lease` and returns their gids.
     fn claim<'a>(
         store: &'a SqlStore<Self>,
@@ -44,12 +64,12 @@ pub trait Dialect: Database + Sized {
     ) -> BoxFuture<'a, sqlx::Result<Vec<String>>>;
 }
 
-const GLOBAL_COLUMNS: &str = "gid, kind, status, stalled_from, request_hash, options, timeout_at, \
+pub(super) const GLOBAL_COLUMNS: &str = "gid, kind, status, stalled_from, request_hash, options, timeout_at, \
      attempts, next_attempt_at, last_error, reason, owner_token, lease_until, version, \
      created_at, updated_at, finished_at";
-const BRANCH_COLUMNS: &str = "gid, branch_id, action, seq, url, payload, status, attempts, \
+pub(super) const BRANCH_COLUMNS: &str = "gid, branch_id, action, seq, url, payload, status, attempts, \
      next_attempt_at, last_error, updated_at, finished_at";
-const ATTEMPT_COLUMNS: &str =
+pub(super) const ATTEMPT_COLUMNS: &str =
     "branch_id, action, attempt, started_at, duration_ms, outcome, detail";
 pub(super) const ACTIVE_STATUSES: &str = "('prepared', 'running', 'committing', 'aborting')";
 
@@ -60,17 +80,17 @@ pub struct Statements {
     pub select_branches: Arc<str>,
     pub update_global_owned: Arc<str>,
     pub update_global_by_version: Arc<str>,
-    pub update_branch: Arc<str>,
     pub lock_prepared: Arc<str>,
     pub renew: Arc<str>,
     pub select_attempts: Arc<str>,
     insert_branches: Vec<Arc<str>>,
     insert_attempts: Vec<Arc<str>>,
+    update_branches: Vec<Arc<str>>,
     numbered: bool,
 }
 
-/// Rows per multi-row insert statement; more rows take several statements.
-const INSERT_BATCH: usize = 16;
+/// Rows per multi-row statement; more rows take several statements.
+pub(super) const INSERT_BATCH: usize = 16;
 
 impl Statements {
     fn new(numbered: bool, on_duplicate: &str) -> Statements {
@@ -96,12 +116,6 @@ impl Statements {
             update_global_by_version: t(format!(
                 "UPDATE idem_global SET {GLOBAL_SET} WHERE gid = ? AND status = ? AND version = ?"
             )),
-            update_branch: t(
-                "UPDATE idem_branch SET status = ?, attempts = ?, next_attempt_at = ?, \
-                 last_error = ?, updated_at = ?, finished_at = ? \
-                 WHERE gid = ? AND branch_id = ? AND action = ?"
-                    .into(),
-            ),
             lock_prepared: t(
                 "UPDATE idem_global SET version = version + 1, updated_at = ? \
                  WHERE gid = ? AND status = 'prepared' AND (timeout_at IS NULL OR timeout_at > ?)"
@@ -118,6 +132,14 @@ impl Statements {
                     t(format!(
                         "INSERT INTO idem_branch ({BRANCH_COLUMNS}) VALUES {}",
                         rows(n, 12)
+                    ))
+                })
+                .collect(),
+            update_branches: (1..=INSERT_BATCH)
+                .map(|n| {
+                    t(format!(
+                        "UPDATE idem_branch SET {BRANCH_SET} WHERE gid = ? AND action = ? AND branch_id IN ({})",
+                        vec!["?"; n].join(", ")
                     ))
                 })
                 .collect(),
@@ -139,7 +161,10 @@ impl Statements {
     }
 }
 
-const GLOBAL_SET: &str = "status = ?, stalled_from = ?, attempts = ?, next_attempt_at = ?, \
+pub(super) const BRANCH_SET: &str = "status = ?, attempts = ?, next_attempt_at = ?, \
+     last_error = ?, updated_at = ?, finished_at = ?";
+
+pub(super) const GLOBAL_SET: &str = "status = ?, stalled_from = ?, attempts = ?, next_attempt_at = ?, \
      last_error = ?, reason = ?, timeout_at = ?, updated_at = ?, finished_at = ?, \
      owner_token = ?, lease_until = ?, version = version + 1";
 
@@ -272,9 +297,53 @@ impl GlobalRow {
     }
 }
 
+/// Branch operations changed by a save that get the same new values: one UPDATE each.
+pub struct BranchGroup<'a> {
+    /// Carries the new values (status, attempts, ...); its action is the group's.
+    pub values: &'a Branch,
+    pub branch_ids: Vec<&'a str>,
+}
+
+/// Groups the branches `after` changed relative to `before` by their new values, so that
+/// the common case (every Confirm answered alike) is one statement.
+pub fn branch_groups<'a>(before: &Transaction, after: &'a Transaction) -> Vec<BranchGroup<'a>> {
+    let old: HashMap<BranchKey, &Branch> = before.branches.iter().map(|b| (b.key(), b)).collect();
+    let mut groups: Vec<BranchGroup<'a>> = Vec::new();
+    for branch in &after.branches {
+        if old.get(&branch.key()).is_some_and(|b| *b == branch) {
+            continue;
+        }
+        let same = |v: &Branch| {
+            v.action == branch.action
+                && v.status == branch.status
+                && v.attempts == branch.attempts
+                && v.next_attempt_at == branch.next_attempt_at
+                && v.last_error == branch.last_error
+                && v.updated_at == branch.updated_at
+                && v.finished_at == branch.finished_at
+        };
+        match groups
+            .iter_mut()
+            .find(|g| same(g.values) && g.branch_ids.len() < INSERT_BATCH)
+        {
+            Some(g) => g.branch_ids.push(&branch.branch_id),
+            None => groups.push(BranchGroup {
+                values: branch,
+                branch_ids: vec![&branch.branch_id],
+            }),
+        }
+    }
+    groups
+}
+
 /// The store for one database.
 pub struct SqlStore<DB: Dialect> {
     pub pool: Pool<DB>,
+    /// Where the final write of a finished transaction goes, if the database can commit
+    /// it without waiting for the disk (PostgreSQL `synchronous_commit = off`). Losing it
+    /// in a database crash only makes recovery deliver the last calls again, which the
+    /// participants' barriers absorb; every decision is still committed durably.
+    pub relaxed_pool: Option<Pool<DB>>,
     pub sql: Statements,
 }
 
@@ -282,7 +351,16 @@ impl<DB: Dialect> SqlStore<DB> {
     pub fn new(pool: Pool<DB>) -> Self {
         SqlStore {
             pool,
+            relaxed_pool: None,
             sql: Statements::new(DB::NUMBERED_PARAMETERS, DB::ON_DUPLICATE_DO_NOTHING),
+        }
+    }
+
+    /// The pool for this save: the relaxed one for the final write of a driver.
+    pub fn pool_for(&self, save: &Save<'_>) -> &Pool<DB> {
+        match (&self.relaxed_pool, save.guard) {
+            (Some(relaxed), Guard::Owner(_)) if save.after.status.is_terminal() => relaxed,
+            _ => &self.pool,
         }
     }
 }
@@ -294,7 +372,7 @@ fn q<DB: Database>(sql: &Arc<str>) -> sqlx::query::Query<'static, DB, DB::Argume
 /// Errors longer than this are cut before they are stored.
 const MAX_ERROR_LEN: usize = 2_000;
 
-fn clip(s: &Option<String>) -> Option<&str> {
+pub(super) fn clip(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(|s| {
         if s.len() <= MAX_ERROR_LEN {
             s
@@ -348,6 +426,12 @@ where
         request_hash: &str,
         lease: Option<&Lease>,
     ) -> Result<Created> {
+        if let Some(one) = DB::create_in_one_statement(self, tx, request_hash, lease) {
+            return match one.await? {
+                true => Ok(Created::Inserted),
+                false => self.existing(&tx.gid).await,
+            };
+        }
         let mut db = DB::begin_write(&self.pool).await?;
         let options = serde_json::to_string(&tx.options).map_err(corrupt)?;
         let insert = q::<DB>(&self.sql.insert_global)
@@ -377,11 +461,7 @@ where
         };
         if !inserted {
             db.rollback().await?;
-            return match self.load(&tx.gid).await? {
-                Some(existing) => Ok(Created::Exists(Box::new(existing))),
-                // Deleted between our insert and our read; report it as taken anyway.
-                None => Err(StoreError::Corrupt(format!("gid {} vanished", tx.gid))),
-            };
+            return self.existing(&tx.gid).await;
         }
         self.insert_branches(&mut db, &tx.gid, &tx.branches).await?;
         db.commit().await?;
@@ -389,15 +469,7 @@ where
     }
 
     async fn load(&self, gid: &str) -> Result<Option<StoredTx>> {
-        let mut conn = self.pool.acquire().await?;
-        let row: Option<GlobalRow> =
-            sqlx::query_as(sqlx::AssertSqlSafe(self.sql.select_global.clone()))
-                .bind(gid)
-                .fetch_optional(&mut *conn)
-                .await?;
-        let Some(row) = row else { return Ok(None) };
-        let branches = self.load_branches(&mut conn, gid).await?;
-        Ok(Some(row.into_stored(branches)?))
+        self.load_one(gid).await
     }
 
     async fn register(&self, gid: &str, branches: &[Branch], now: Millis) -> Result<Registered> {
@@ -441,59 +513,50 @@ where
     }
 
     async fn save(&self, save: Save<'_>) -> Result<Saved> {
-        let (before, after) = (save.before, save.after);
+        let groups = branch_groups(save.before, save.after);
+        if let Some(one) = DB::save_in_one_statement(self, &save, &groups) {
+            return one.await;
+        }
+        let saved = |done: &DB::QueryResult| {
+            if DB::rows_affected(done) == 0 {
+                Saved::Lost
+            } else {
+                Saved::Saved
+            }
+        };
+        if groups.is_empty() && save.attempts.is_empty() {
+            // A decision or a lease alone: one conditional UPDATE needs no transaction.
+            let done = self.update_global(&save).execute(&self.pool).await?;
+            return Ok(saved(&done));
+        }
         let mut db = DB::begin_write(&self.pool).await?;
-        let sql = match save.guard {
-            Guard::Owner(_) => &self.sql.update_global_owned,
-            Guard::Version(_) => &self.sql.update_global_by_version,
-        };
-        let mut update = q::<DB>(sql)
-            .bind(after.status.as_str())
-            .bind(after.stalled_from.map(|s| s.as_str()))
-            .bind(after.attempts)
-            .bind(after.next_attempt_at)
-            .bind(clip(&after.last_error))
-            .bind(after.reason.as_deref())
-            .bind(after.timeout_at)
-            .bind(after.updated_at)
-            .bind(after.finished_at)
-            .bind(save.lease.map(|l| l.token.as_str()))
-            .bind(save.lease.map(|l| l.until))
-            .bind(after.gid.as_str())
-            .bind(before.status.as_str());
-        update = match save.guard {
-            Guard::Owner(token) => update.bind(token),
-            Guard::Version(version) => update.bind(version),
-        };
-        let done = update.execute(&mut *db).await?;
-        if DB::rows_affected(&done) == 0 {
+        let done = self.update_global(&save).execute(&mut *db).await?;
+        if saved(&done) == Saved::Lost {
             db.rollback().await?;
             return Ok(Saved::Lost);
         }
-        let old: HashMap<BranchKey, &Branch> =
-            before.branches.iter().map(|b| (b.key(), b)).collect();
-        for branch in &after.branches {
-            if old.get(&branch.key()).is_some_and(|b| *b == branch) {
-                continue;
+        let gid = save.after.gid.as_str();
+        for group in &groups {
+            let b = group.values;
+            let mut update = q::<DB>(&self.sql.update_branches[group.branch_ids.len() - 1])
+                .bind(b.status.as_str())
+                .bind(b.attempts)
+                .bind(b.next_attempt_at)
+                .bind(clip(&b.last_error))
+                .bind(b.updated_at)
+                .bind(b.finished_at)
+                .bind(gid)
+                .bind(b.action.as_str());
+            for id in &group.branch_ids {
+                update = update.bind(*id);
             }
-            q::<DB>(&self.sql.update_branch)
-                .bind(branch.status.as_str())
-                .bind(branch.attempts)
-                .bind(branch.next_attempt_at)
-                .bind(clip(&branch.last_error))
-                .bind(branch.updated_at)
-                .bind(branch.finished_at)
-                .bind(after.gid.as_str())
-                .bind(branch.branch_id.as_str())
-                .bind(branch.action.as_str())
-                .execute(&mut *db)
-                .await?;
+            update.execute(&mut *db).await?;
         }
         for chunk in save.attempts.chunks(INSERT_BATCH) {
             let mut insert = q::<DB>(&self.sql.insert_attempts[chunk.len() - 1]);
             for a in chunk {
                 insert = insert
-                    .bind(after.gid.as_str())
+                    .bind(gid)
                     .bind(a.branch_id.as_str())
                     .bind(a.action.as_str())
                     .bind(a.attempt)
@@ -614,6 +677,54 @@ where
     for<'q> i32: Encode<'q, DB> + Type<DB>,
     for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
 {
+    async fn load_one(&self, gid: &str) -> Result<Option<StoredTx>> {
+        let mut conn = self.pool.acquire().await?;
+        let row: Option<GlobalRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql.select_global.clone()))
+                .bind(gid)
+                .fetch_optional(&mut *conn)
+                .await?;
+        let Some(row) = row else { return Ok(None) };
+        let branches = self.load_branches(&mut conn, gid).await?;
+        Ok(Some(row.into_stored(branches)?))
+    }
+
+    /// What is stored under a gid that an insert found taken.
+    async fn existing(&self, gid: &str) -> Result<Created> {
+        match self.load_one(gid).await? {
+            Some(existing) => Ok(Created::Exists(Box::new(existing))),
+            // Deleted between the insert and this read; report it as taken anyway.
+            None => Err(StoreError::Corrupt(format!("gid {gid} vanished"))),
+        }
+    }
+
+    /// The conditional UPDATE of the global row for a save.
+    fn update_global<'s>(&'s self, save: &'s Save<'s>) -> sqlx::query::Query<'static, DB, DB::Arguments> {
+        let (before, after) = (save.before, save.after);
+        let sql = match save.guard {
+            Guard::Owner(_) => &self.sql.update_global_owned,
+            Guard::Version(_) => &self.sql.update_global_by_version,
+        };
+        let update = q::<DB>(sql)
+            .bind(after.status.as_str())
+            .bind(after.stalled_from.map(|s| s.as_str()))
+            .bind(after.attempts)
+            .bind(after.next_attempt_at)
+            .bind(clip(&after.last_error))
+            .bind(after.reason.as_deref())
+            .bind(after.timeout_at)
+            .bind(after.updated_at)
+            .bind(after.finished_at)
+            .bind(save.lease.map(|l| l.token.as_str()))
+            .bind(save.lease.map(|l| l.until))
+            .bind(after.gid.as_str())
+            .bind(before.status.as_str());
+        match save.guard {
+            Guard::Owner(token) => update.bind(token),
+            Guard::Version(version) => update.bind(version),
+        }
+    }
+
     async fn load_global(&self, conn: &mut DB::Connection, gid: &str) -> Result<StoredTx> {
         let row: GlobalRow = sqlx::query_as(sqlx::AssertSqlSafe(self.sql.select_global.clone()))
             .bind(gid)
