@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::metrics::SqlCounts;
 use idem_demo::{inventory, payment};
@@ -126,7 +126,8 @@ struct Databases {
 impl Databases {
     async fn create(backend: &str) -> Result<Databases, Error> {
         if backend == "sqlite" {
-            let dir = std::env::temp_dir().join(format!("idem-bench-{}", uuid::Uuid::new_v4().simple()));
+            let dir =
+                std::env::temp_dir().join(format!("idem-bench-{}", uuid::Uuid::new_v4().simple()));
             std::fs::create_dir_all(&dir)?;
             let file = |n: &str| format!("sqlite://{}?mode=rwc", dir.join(n).display());
             return Ok(Databases {
@@ -140,7 +141,9 @@ impl Databases {
         let kind = match backend {
             "postgres" => Backend::Postgres,
             "mysql" => Backend::Mysql,
-            other => return Err(format!("unknown backend {other}: sqlite, postgres or mysql").into()),
+            other => {
+                return Err(format!("unknown backend {other}: sqlite, postgres or mysql").into());
+            }
         };
         let mut servers = Vec::new();
         for _ in 0..3 {
@@ -225,10 +228,23 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    pub async fn start(bin: &PathBuf, db: &str, count_sql: bool, extra: &[String]) -> Result<Coordinator, Error> {
+    pub async fn start(
+        bin: &PathBuf,
+        db: &str,
+        count_sql: bool,
+        extra: &[String],
+    ) -> Result<Coordinator, Error> {
         use tokio::io::AsyncBufReadExt;
         let mut child = tokio::process::Command::new(bin)
-            .args(["serve", "--database-url", db, "--listen", "127.0.0.1:0", "--node", "bench"])
+            .args([
+                "serve",
+                "--database-url",
+                db,
+                "--listen",
+                "127.0.0.1:0",
+                "--node",
+                "bench",
+            ])
             .args(extra)
             .env("RUST_LOG", "warn")
             .env("IDEM_COUNT_SQL", if count_sql { "1" } else { "0" })
@@ -276,7 +292,12 @@ impl Coordinator {
     }
 
     async fn sql(&self, http: &reqwest::Client) -> Result<SqlCounts, Error> {
-        let text = http.get(format!("{}/metrics", self.url)).send().await?.text().await?;
+        let text = http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await?
+            .text()
+            .await?;
         let value = |name: &str| -> u64 {
             text.lines()
                 .find(|l| l.starts_with(name))
@@ -326,7 +347,10 @@ impl Client {
     async fn one(&self, gid: &str, n: usize) -> Result<(), Error> {
         let sku = format!("sku-{}", n % SKUS);
         let account = format!("acct-{}", (n / 7) % ACCOUNTS);
-        let payloads = [json!({"sku": sku, "quantity": 1}), json!({"account": account, "amount": 1})];
+        let payloads = [
+            json!({"sku": sku, "quantity": 1}),
+            json!({"account": account, "amount": 1}),
+        ];
         match self.workload {
             Workload::Tcc => {
                 let branches: Vec<Value> = (0..2)
@@ -334,14 +358,22 @@ impl Client {
                         json!({"branch_id": format!("0{}", i + 1), "confirm": self.urls[i], "cancel": self.urls[i], "payload": payloads[i]})
                     })
                     .collect();
-                self.post("/api/v1/transactions", json!({"gid": gid, "kind": "tcc", "branches": branches}), 201)
-                    .await?;
+                self.post(
+                    "/api/v1/transactions",
+                    json!({"gid": gid, "kind": "tcc", "branches": branches}),
+                    201,
+                )
+                .await?;
                 let tries = (0..2).map(|i| self.call_try(gid, i, &payloads[i]));
                 for r in futures::future::join_all(tries).await {
                     r?;
                 }
                 let tx = self
-                    .post(&format!("/api/v1/transactions/{gid}/submit"), json!({"wait_result": true}), 200)
+                    .post(
+                        &format!("/api/v1/transactions/{gid}/submit"),
+                        json!({"wait_result": true}),
+                        200,
+                    )
                     .await?;
                 expect_succeeded(&tx)
             }
@@ -362,7 +394,12 @@ impl Client {
     }
 
     async fn post(&self, path: &str, body: Value, want: u16) -> Result<Value, Error> {
-        let r = self.http.post(format!("{}{path}", self.api)).json(&body).send().await?;
+        let r = self
+            .http
+            .post(format!("{}{path}", self.api))
+            .json(&body)
+            .send()
+            .await?;
         let code = r.status().as_u16();
         let value: Value = r.json().await.unwrap_or(Value::Null);
         if code != want {
@@ -420,7 +457,9 @@ async fn drive(
                 let ok = client.one(&gid, n).await;
                 let measured = t0 >= measure_from;
                 match ok {
-                    Ok(()) if measured => latencies.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32),
+                    Ok(()) if measured => {
+                        latencies.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32)
+                    }
                     Err(e) if measured => {
                         if failures < 3 {
                             eprintln!("failure: {e}");
@@ -471,7 +510,9 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     // counting slows it down).
     let mut sql = None;
     if config.count > 0 {
-        let coordinator = Coordinator::start(&config.idem_bin, &dbs.coordinator, true, &config.serve_args).await?;
+        let coordinator =
+            Coordinator::start(&config.idem_bin, &dbs.coordinator, true, &config.serve_args)
+                .await?;
         let client = Client {
             http: http.clone(),
             api: coordinator.url.clone(),
@@ -502,7 +543,13 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     }
 
     // Pass 2: timed.
-    let coordinator = Coordinator::start(&config.idem_bin, &dbs.coordinator, false, &config.serve_args).await?;
+    let coordinator = Coordinator::start(
+        &config.idem_bin,
+        &dbs.coordinator,
+        false,
+        &config.serve_args,
+    )
+    .await?;
     let client = Arc::new(Client {
         http: http.clone(),
         api: coordinator.url.clone(),

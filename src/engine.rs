@@ -189,6 +189,7 @@ pub struct Engine {
     calls: Semaphore,
     /// Transactions this process drives, with the token it drives them under.
     driving: Mutex<HashMap<String, String>>,
+    recent: Recent,
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     shutdown: Notify,
 }
@@ -212,6 +213,7 @@ impl Engine {
             config,
             calls,
             driving: Mutex::new(HashMap::new()),
+            recent: Recent::default(),
             waiters: Mutex::new(HashMap::new()),
             shutdown: Notify::new(),
         })
@@ -273,7 +275,7 @@ impl Engine {
         if let (true, Some(lease)) = (outcome.created, lease) {
             let t =
                 core::apply(&tx, &Event::Wake, self.ctx()).map_err(EngineError::InvalidState)?;
-            Arc::clone(self).start(tx, lease, t);
+            Arc::clone(self).start(outcome.stored.clone(), lease, t);
         }
         Ok(outcome)
     }
@@ -311,16 +313,20 @@ impl Engine {
     ) -> Result<CreateOutcome, EngineError> {
         let hash = request_hash(request);
         match self.store.create(&tx, &hash, lease).await? {
-            Created::Inserted => Ok(CreateOutcome {
-                stored: StoredTx {
+            Created::Inserted => {
+                let stored = StoredTx {
                     tx,
                     request_hash: hash,
                     owner_token: lease.map(|l| l.token.clone()),
                     lease_until: lease.map(|l| l.until),
                     version: 0,
-                },
-                created: true,
-            }),
+                };
+                self.recent.put(stored.clone());
+                Ok(CreateOutcome {
+                    stored,
+                    created: true,
+                })
+            }
             Created::Exists(existing) if existing.request_hash == hash => Ok(CreateOutcome {
                 stored: *existing,
                 created: false,
@@ -331,6 +337,8 @@ impl Engine {
 
     /// Registers TCC branch operations while the transaction is prepared.
     pub async fn register(&self, gid: &str, branches: Vec<Branch>) -> Result<(), EngineError> {
+        // The registration changes the row's version; a cached copy would only lose a race.
+        self.recent.remove(gid);
         match self
             .store
             .register(gid, &branches, self.clock.now())
@@ -420,8 +428,14 @@ impl Engine {
         event: &Event,
         take_over: bool,
     ) -> Result<(StoredTx, bool), EngineError> {
+        let mut cached = self.recent.get(gid);
         for _ in 0..CONTENTION_RETRIES {
-            let stored = self.load(gid).await?;
+            // A copy this process wrote is as good as a read: the write below is
+            // conditional on its version, and a stale copy only loses the race.
+            let stored = match cached.take() {
+                Some(stored) => stored,
+                None => self.load(gid).await?,
+            };
             let t =
                 core::apply(&stored.tx, event, self.ctx()).map_err(EngineError::InvalidState)?;
             if !t.persists() {
@@ -458,6 +472,7 @@ impl Engine {
                 })
                 .await?;
             if saved == Saved::Lost {
+                self.recent.remove(gid);
                 continue;
             }
             self.observe_status(&stored.tx, &t.tx);
@@ -471,6 +486,7 @@ impl Engine {
                 lease_until: written.as_ref().map(|l| l.until),
                 ..stored
             };
+            self.recent.put(result.clone());
             if let Some(lease) = lease {
                 let effects = Transition {
                     tx: t.tx.clone(),
@@ -480,7 +496,7 @@ impl Engine {
                         .filter(|e| *e != Effect::Persist)
                         .collect(),
                 };
-                Arc::clone(self).start(t.tx, lease, effects);
+                Arc::clone(self).start(result.clone(), lease, effects);
             } else if t.tx.status.is_terminal() || t.tx.status == Status::Stalled {
                 self.notify(gid);
             }
@@ -514,9 +530,19 @@ impl Engine {
             let notified = notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let stored = self.load(gid).await?;
-            let settled = stored.tx.status.is_terminal() || stored.tx.status == Status::Stalled;
-            if settled || tokio::time::Instant::now() >= deadline {
+            let settled =
+                |s: &StoredTx| s.tx.status.is_terminal() || s.tx.status == Status::Stalled;
+            let expired = tokio::time::Instant::now() >= deadline;
+            // This process's driver keeps its copy current and notifies when it settles;
+            // the database is read only for a transaction this process does not drive.
+            let stored = match self.recent.get(gid) {
+                Some(s) if settled(&s) => Some(s),
+                Some(_) if self.is_driving(gid) && !expired => None,
+                _ => Some(self.load(gid).await?),
+            };
+            if let Some(stored) = stored
+                && (settled(&stored) || expired)
+            {
                 return Ok(stored);
             }
             // The notification comes from this process's driver; a transaction driven by
@@ -539,15 +565,15 @@ impl Engine {
     // ---- driving ---------------------------------------------------------------------
 
     /// Drives `tx` (as stored, owned under `lease`) from the effects of `t` in a new task.
-    fn start(self: Arc<Self>, tx: Transaction, lease: Lease, t: Transition) {
+    fn start(self: Arc<Self>, stored: StoredTx, lease: Lease, t: Transition) {
         self.driving
             .lock()
             .expect("poisoned")
-            .insert(tx.gid.clone(), lease.token.clone());
+            .insert(stored.tx.gid.clone(), lease.token.clone());
         tokio::spawn(async move {
-            let gid = tx.gid.clone();
+            let gid = stored.tx.gid.clone();
             let token = lease.token.clone();
-            self.drive(tx, lease, t).await;
+            self.drive(stored, lease, t).await;
             let mut driving = self.driving.lock().expect("poisoned");
             if driving.get(&gid) == Some(&token) {
                 driving.remove(&gid);
@@ -557,8 +583,13 @@ impl Engine {
         });
     }
 
-    async fn drive(&self, mut current: Transaction, mut lease: Lease, mut t: Transition) {
-        let gid = current.gid.clone();
+    fn is_driving(&self, gid: &str) -> bool {
+        self.driving.lock().expect("poisoned").contains_key(gid)
+    }
+
+    async fn drive(&self, mut stored: StoredTx, mut lease: Lease, mut t: Transition) {
+        let gid = stored.tx.gid.clone();
+        let mut current = stored.tx.clone();
         let mut attempts: Vec<AttemptRecord> = Vec::new();
         let mut after_round = false;
         loop {
@@ -592,6 +623,11 @@ impl Engine {
                     }
                 }
                 attempts.clear();
+                stored.tx = t.tx.clone();
+                stored.version += 1;
+                stored.owner_token = next_lease.as_ref().map(|l| l.token.clone());
+                stored.lease_until = next_lease.as_ref().map(|l| l.until);
+                self.recent.put(stored.clone());
                 self.observe_status(&current, &t.tx);
                 if decision {
                     self.observer.point(Point::AfterDecisionStored, &gid);
@@ -798,7 +834,7 @@ impl Engine {
         let n = claimed.len();
         for stored in claimed {
             match core::apply(&stored.tx, &Event::Wake, self.ctx()) {
-                Ok(t) => Arc::clone(self).start(stored.tx, lease.clone(), t),
+                Ok(t) => Arc::clone(self).start(stored, lease.clone(), t),
                 Err(e) => tracing::error!(gid = stored.tx.gid, error = %e, "cannot resume"),
             }
         }
@@ -840,4 +876,35 @@ impl Engine {
 /// A move into a phase whose calls must not go out before it is stored.
 fn is_decision(before: &Transaction, after: &Transaction) -> bool {
     before.status != after.status && matches!(after.status, Status::Committing | Status::Aborting)
+}
+
+/// Recent states of transactions this process created, changed or drives, so that a
+/// submit after a create, and a wait after a submit, need no read. Bounded: past the cap,
+/// finished ones go first.
+#[derive(Default)]
+struct Recent {
+    map: Mutex<HashMap<String, StoredTx>>,
+}
+
+const RECENT_CAP: usize = 50_000;
+
+impl Recent {
+    fn get(&self, gid: &str) -> Option<StoredTx> {
+        self.map.lock().expect("poisoned").get(gid).cloned()
+    }
+
+    fn put(&self, stored: StoredTx) {
+        let mut map = self.map.lock().expect("poisoned");
+        if map.len() >= RECENT_CAP && !map.contains_key(&stored.tx.gid) {
+            map.retain(|_, s| !s.tx.status.is_terminal());
+            if map.len() >= RECENT_CAP {
+                map.clear();
+            }
+        }
+        map.insert(stored.tx.gid.clone(), stored);
+    }
+
+    fn remove(&self, gid: &str) {
+        self.map.lock().expect("poisoned").remove(gid);
+    }
 }

@@ -3,6 +3,7 @@
 //! See `ARCHITECTURE.md` for the map of this crate.
 
 pub mod api;
+pub mod bench;
 pub mod canonical;
 pub mod cli;
 pub mod core;
@@ -13,4 +14,3 @@ pub mod scenario;
 pub mod server;
 pub mod store;
 pub mod transport;
-pub mod bench;

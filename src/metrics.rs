@@ -141,7 +141,10 @@ impl<S> tracing_subscriber::layer::Filter<S> for CountingFilter {
         meta.target() == "sqlx::query" && SQL_COUNTING.load(Ordering::Relaxed)
     }
 
-    fn callsite_enabled(&self, meta: &'static tracing::Metadata<'static>) -> tracing::subscriber::Interest {
+    fn callsite_enabled(
+        &self,
+        meta: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
         if meta.target() == "sqlx::query" {
             tracing::subscriber::Interest::sometimes()
         } else {

@@ -8,8 +8,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgQueryResult};
 use sqlx::{Pool, Postgres, Transaction};
 
 use super::sql::{
-    ACTIVE_STATUSES, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET, SqlStore,
-    clip, translate,
+    ACTIVE_STATUSES, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET, SqlStore, clip,
+    translate,
 };
 use super::{ConnectOptions, Guard, Lease, Result, Save, Saved};
 use crate::core::Millis;
@@ -172,7 +172,11 @@ async fn save_with_ctes(
             .bind(clip(&a.detail));
     }
     let matched = query.fetch_one(store.pool_for(save)).await?;
-    Ok(if matched == 0 { Saved::Lost } else { Saved::Saved })
+    Ok(if matched == 0 {
+        Saved::Lost
+    } else {
+        Saved::Saved
+    })
 }
 
 /// Creates the global row and its branches in one statement; false if the gid was taken.
@@ -195,7 +199,8 @@ async fn create_with_ctes(
         ));
     }
     sql.push_str(" SELECT count(*) FROM g");
-    let options = serde_json::to_string(&tx.options).map_err(|e| super::StoreError::Corrupt(e.to_string()))?;
+    let options = serde_json::to_string(&tx.options)
+        .map_err(|e| super::StoreError::Corrupt(e.to_string()))?;
     let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(translate(&sql, true)))
         .bind(tx.gid.as_str())
         .bind(tx.kind.as_str())

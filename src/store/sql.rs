@@ -699,7 +699,10 @@ where
     }
 
     /// The conditional UPDATE of the global row for a save.
-    fn update_global<'s>(&'s self, save: &'s Save<'s>) -> sqlx::query::Query<'static, DB, DB::Arguments> {
+    fn update_global<'s>(
+        &'s self,
+        save: &'s Save<'s>,
+    ) -> sqlx::query::Query<'static, DB, DB::Arguments> {
         let (before, after) = (save.before, save.after);
         let sql = match save.guard {
             Guard::Owner(_) => &self.sql.update_global_owned,
