@@ -843,6 +843,19 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
         }
     }
     drop(client);
+    if scenario.expect.fenced {
+        // The stale owner's refused write can come after the client saw the outcome (the
+        // new owner finished first); give it the time to be recorded.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline
+            && !Timeline::read(&timeline_file)
+                .unwrap_or_default()
+                .iter()
+                .any(|e| matches!(e, TimelineEvent::Fenced { .. }))
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let coordinators = Arc::into_inner(coordinators).expect("the client and killer are done");
     report.restarts = coordinators.stop().await;
     report.timeline = Timeline::read(&timeline_file).unwrap_or_default();

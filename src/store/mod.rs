@@ -32,6 +32,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("unsupported database URL {0:?}: use sqlite:, postgres:// or mysql://")]
     UnsupportedUrl(String),
+    #[error("write failed: {0}")]
+    Batch(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -203,7 +205,10 @@ impl Default for ConnectOptions {
 /// (MariaDB too). Does not migrate.
 pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::connect(url, options).await?))
+        // SQLite has one writer at a time: concurrent transactions share commits.
+        let store = Arc::new(sqlite::connect(url, options).await?);
+        store.start_group_commit();
+        Ok(store)
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(Arc::new(postgres::connect(url, options).await?))
     } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {

@@ -345,6 +345,8 @@ pub struct SqlStore<DB: Dialect> {
     /// participants' barriers absorb; every decision is still committed durably.
     pub relaxed_pool: Option<Pool<DB>>,
     pub sql: Statements,
+    /// Set by [`SqlStore::start_group_commit`]: writes go through one writer task.
+    batch: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Job>>,
 }
 
 impl<DB: Dialect> SqlStore<DB> {
@@ -353,6 +355,7 @@ impl<DB: Dialect> SqlStore<DB> {
             pool,
             relaxed_pool: None,
             sql: Statements::new(DB::NUMBERED_PARAMETERS, DB::ON_DUPLICATE_DO_NOTHING),
+            batch: std::sync::OnceLock::new(),
         }
     }
 
@@ -432,40 +435,56 @@ where
                 false => self.existing(&tx.gid).await,
             };
         }
+        if let Some(queue) = self.batch.get() {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let job = Job::Create {
+                tx: Box::new(tx.clone()),
+                request_hash: request_hash.to_owned(),
+                lease: lease.cloned(),
+                reply,
+            };
+            queue.send(job).map_err(|_| closed())?;
+            return match answer.await.map_err(|_| closed())?? {
+                true => Ok(Created::Inserted),
+                false => self.existing(&tx.gid).await,
+            };
+        }
         let mut db = DB::begin_write(&self.pool).await?;
-        let options = serde_json::to_string(&tx.options).map_err(corrupt)?;
-        let insert = q::<DB>(&self.sql.insert_global)
-            .bind(tx.gid.as_str())
-            .bind(tx.kind.as_str())
-            .bind(tx.status.as_str())
-            .bind(tx.stalled_from.map(|s| s.as_str()))
-            .bind(request_hash)
-            .bind(options.as_str())
-            .bind(tx.timeout_at)
-            .bind(tx.attempts)
-            .bind(tx.next_attempt_at)
-            .bind(clip(&tx.last_error))
-            .bind(tx.reason.as_deref())
-            .bind(lease.map(|l| l.token.as_str()))
-            .bind(lease.map(|l| l.until))
-            .bind(0i64)
-            .bind(tx.created_at)
-            .bind(tx.updated_at)
-            .bind(tx.finished_at)
-            .execute(&mut *db)
-            .await;
-        let inserted = match insert {
-            Ok(done) => DB::rows_affected(&done) == 1,
-            Err(e) if is_unique_violation(&e) => false,
-            Err(e) => return Err(e.into()),
-        };
-        if !inserted {
+        if !self.create_in(&mut db, tx, request_hash, lease).await? {
             db.rollback().await?;
             return self.existing(&tx.gid).await;
         }
-        self.insert_branches(&mut db, &tx.gid, &tx.branches).await?;
         db.commit().await?;
         Ok(Created::Inserted)
+    }
+
+    async fn save(&self, save: Save<'_>) -> Result<Saved> {
+        let groups = branch_groups(save.before, save.after);
+        if let Some(one) = DB::save_in_one_statement(self, &save, &groups) {
+            return one.await;
+        }
+        if let Some(queue) = self.batch.get() {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            queue
+                .send(Job::Save {
+                    save: Box::new(OwnedSave::of(&save)),
+                    reply,
+                })
+                .map_err(|_| closed())?;
+            return answer.await.map_err(|_| closed())?;
+        }
+        if groups.is_empty() && save.attempts.is_empty() {
+            // A decision or a lease alone: one conditional UPDATE needs no transaction.
+            let done = self.update_global(&save).execute(&self.pool).await?;
+            return Ok(saved_if(DB::rows_affected(&done)));
+        }
+        let mut db = DB::begin_write(&self.pool).await?;
+        let saved = self.save_in(&mut db, &save, &groups).await?;
+        match saved {
+            Saved::Saved => db.commit().await?,
+            Saved::Lost => db.rollback().await?,
+        }
+        Ok(saved)
     }
 
     async fn load(&self, gid: &str) -> Result<Option<StoredTx>> {
@@ -510,65 +529,6 @@ where
                 Ok(Registered::NotPrepared(stored.tx.status))
             }
         }
-    }
-
-    async fn save(&self, save: Save<'_>) -> Result<Saved> {
-        let groups = branch_groups(save.before, save.after);
-        if let Some(one) = DB::save_in_one_statement(self, &save, &groups) {
-            return one.await;
-        }
-        let saved = |done: &DB::QueryResult| {
-            if DB::rows_affected(done) == 0 {
-                Saved::Lost
-            } else {
-                Saved::Saved
-            }
-        };
-        if groups.is_empty() && save.attempts.is_empty() {
-            // A decision or a lease alone: one conditional UPDATE needs no transaction.
-            let done = self.update_global(&save).execute(&self.pool).await?;
-            return Ok(saved(&done));
-        }
-        let mut db = DB::begin_write(&self.pool).await?;
-        let done = self.update_global(&save).execute(&mut *db).await?;
-        if saved(&done) == Saved::Lost {
-            db.rollback().await?;
-            return Ok(Saved::Lost);
-        }
-        let gid = save.after.gid.as_str();
-        for group in &groups {
-            let b = group.values;
-            let mut update = q::<DB>(&self.sql.update_branches[group.branch_ids.len() - 1])
-                .bind(b.status.as_str())
-                .bind(b.attempts)
-                .bind(b.next_attempt_at)
-                .bind(clip(&b.last_error))
-                .bind(b.updated_at)
-                .bind(b.finished_at)
-                .bind(gid)
-                .bind(b.action.as_str());
-            for id in &group.branch_ids {
-                update = update.bind(*id);
-            }
-            update.execute(&mut *db).await?;
-        }
-        for chunk in save.attempts.chunks(INSERT_BATCH) {
-            let mut insert = q::<DB>(&self.sql.insert_attempts[chunk.len() - 1]);
-            for a in chunk {
-                insert = insert
-                    .bind(gid)
-                    .bind(a.branch_id.as_str())
-                    .bind(a.action.as_str())
-                    .bind(a.attempt)
-                    .bind(a.started_at)
-                    .bind(a.duration_ms)
-                    .bind(a.outcome.as_str())
-                    .bind(clip(&a.detail));
-            }
-            insert.execute(&mut *db).await?;
-        }
-        db.commit().await?;
-        Ok(Saved::Saved)
     }
 
     async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<StoredTx>> {
@@ -698,6 +658,161 @@ where
         }
     }
 
+    /// Inserts a new transaction with its branches inside `conn`'s transaction; false if
+    /// the gid is taken (nothing written).
+    async fn create_in(
+        &self,
+        conn: &mut DB::Connection,
+        tx: &Transaction,
+        request_hash: &str,
+        lease: Option<&Lease>,
+    ) -> Result<bool> {
+        let options = serde_json::to_string(&tx.options).map_err(corrupt)?;
+        let insert = q::<DB>(&self.sql.insert_global)
+            .bind(tx.gid.as_str())
+            .bind(tx.kind.as_str())
+            .bind(tx.status.as_str())
+            .bind(tx.stalled_from.map(|s| s.as_str()))
+            .bind(request_hash)
+            .bind(options.as_str())
+            .bind(tx.timeout_at)
+            .bind(tx.attempts)
+            .bind(tx.next_attempt_at)
+            .bind(clip(&tx.last_error))
+            .bind(tx.reason.as_deref())
+            .bind(lease.map(|l| l.token.as_str()))
+            .bind(lease.map(|l| l.until))
+            .bind(0i64)
+            .bind(tx.created_at)
+            .bind(tx.updated_at)
+            .bind(tx.finished_at)
+            .execute(&mut *conn)
+            .await;
+        let inserted = match insert {
+            Ok(done) => DB::rows_affected(&done) == 1,
+            Err(e) if is_unique_violation(&e) => false,
+            Err(e) => return Err(e.into()),
+        };
+        if inserted {
+            self.insert_branches(conn, &tx.gid, &tx.branches).await?;
+        }
+        Ok(inserted)
+    }
+
+    /// Writes a save inside `conn`'s transaction. `Lost` writes nothing.
+    async fn save_in(
+        &self,
+        conn: &mut DB::Connection,
+        save: &Save<'_>,
+        groups: &[BranchGroup<'_>],
+    ) -> Result<Saved> {
+        let done = self.update_global(save).execute(&mut *conn).await?;
+        if saved_if(DB::rows_affected(&done)) == Saved::Lost {
+            return Ok(Saved::Lost);
+        }
+        let gid = save.after.gid.as_str();
+        for group in groups {
+            let b = group.values;
+            let mut update = q::<DB>(&self.sql.update_branches[group.branch_ids.len() - 1])
+                .bind(b.status.as_str())
+                .bind(b.attempts)
+                .bind(b.next_attempt_at)
+                .bind(clip(&b.last_error))
+                .bind(b.updated_at)
+                .bind(b.finished_at)
+                .bind(gid)
+                .bind(b.action.as_str());
+            for id in &group.branch_ids {
+                update = update.bind(*id);
+            }
+            update.execute(&mut *conn).await?;
+        }
+        for chunk in save.attempts.chunks(INSERT_BATCH) {
+            let mut insert = q::<DB>(&self.sql.insert_attempts[chunk.len() - 1]);
+            for a in chunk {
+                insert = insert
+                    .bind(gid)
+                    .bind(a.branch_id.as_str())
+                    .bind(a.action.as_str())
+                    .bind(a.attempt)
+                    .bind(a.started_at)
+                    .bind(a.duration_ms)
+                    .bind(a.outcome.as_str())
+                    .bind(clip(&a.detail));
+            }
+            insert.execute(&mut *conn).await?;
+        }
+        Ok(Saved::Saved)
+    }
+
+    /// Runs queued writes in one transaction: one commit (one fsync) for all of them.
+    async fn write_batch(&self, jobs: &[Job]) -> Result<Vec<JobResult>> {
+        let mut db = DB::begin_write(&self.pool).await?;
+        let mut results = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            results.push(match job {
+                Job::Create {
+                    tx,
+                    request_hash,
+                    lease,
+                    ..
+                } => JobResult::Created(
+                    self.create_in(&mut db, tx, request_hash, lease.as_ref())
+                        .await?,
+                ),
+                Job::Save { save, .. } => {
+                    let save = save.borrow();
+                    let groups = branch_groups(save.before, save.after);
+                    JobResult::Saved(self.save_in(&mut db, &save, &groups).await?)
+                }
+            });
+        }
+        db.commit().await?;
+        Ok(results)
+    }
+
+    /// Makes this store group concurrent writes into shared commits, through one writer
+    /// task. The task holds the store weakly: it ends when the store is dropped.
+    pub fn start_group_commit(self: &Arc<Self>)
+    where
+        DB: 'static,
+    {
+        let (queue, mut jobs) = tokio::sync::mpsc::unbounded_channel::<Job>();
+        if self.batch.set(queue).is_err() {
+            return;
+        }
+        let store = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(first) = jobs.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < GROUP_COMMIT_MAX {
+                    match jobs.try_recv() {
+                        Ok(job) => batch.push(job),
+                        Err(_) => break,
+                    }
+                }
+                let Some(store) = store.upgrade() else { return };
+                match store.write_batch(&batch).await {
+                    Ok(results) => {
+                        for (job, result) in batch.into_iter().zip(results) {
+                            job.answer(Ok(result));
+                        }
+                    }
+                    // One bad write must not fail the others: retry each on its own.
+                    Err(_) if batch.len() > 1 => {
+                        for job in batch {
+                            let result = store.write_batch(std::slice::from_ref(&job)).await;
+                            job.answer(result.map(|mut r| r.remove(0)));
+                        }
+                    }
+                    Err(e) => batch
+                        .into_iter()
+                        .for_each(|job| job.answer(Err(StoreError::Batch(e.to_string())))),
+                }
+            }
+        });
+    }
+
     /// The conditional UPDATE of the global row for a save.
     fn update_global<'s>(
         &'s self,
@@ -777,6 +892,92 @@ where
             insert.execute(&mut *conn).await?;
         }
         Ok(())
+    }
+}
+
+/// Writes per shared commit, at most.
+const GROUP_COMMIT_MAX: usize = 128;
+
+fn saved_if(rows: u64) -> Saved {
+    if rows == 0 { Saved::Lost } else { Saved::Saved }
+}
+
+fn closed() -> StoreError {
+    StoreError::Batch("the store's writer has stopped".into())
+}
+
+/// A write queued for the group-commit writer, with where to send its result.
+pub enum Job {
+    Create {
+        tx: Box<Transaction>,
+        request_hash: String,
+        lease: Option<Lease>,
+        reply: tokio::sync::oneshot::Sender<Result<bool>>,
+    },
+    Save {
+        save: Box<OwnedSave>,
+        reply: tokio::sync::oneshot::Sender<Result<Saved>>,
+    },
+}
+
+pub enum JobResult {
+    Created(bool),
+    Saved(Saved),
+}
+
+impl Job {
+    fn answer(self, result: Result<JobResult>) {
+        match self {
+            Job::Create { reply, .. } => {
+                let _ = reply.send(result.map(|r| matches!(r, JobResult::Created(true))));
+            }
+            Job::Save { reply, .. } => {
+                let _ = reply.send(result.map(|r| match r {
+                    JobResult::Saved(s) => s,
+                    JobResult::Created(_) => Saved::Lost,
+                }));
+            }
+        }
+    }
+}
+
+/// A [`Save`] that owns its data, to cross into the writer task.
+pub struct OwnedSave {
+    before: Transaction,
+    after: Transaction,
+    owner: Option<String>,
+    version: i64,
+    lease: Option<Lease>,
+    attempts: Vec<AttemptRecord>,
+}
+
+impl OwnedSave {
+    fn of(save: &Save<'_>) -> OwnedSave {
+        let (owner, version) = match save.guard {
+            Guard::Owner(token) => (Some(token.to_owned()), 0),
+            Guard::Version(v) => (None, v),
+        };
+        OwnedSave {
+            before: save.before.clone(),
+            after: save.after.clone(),
+            owner,
+            version,
+            lease: save.lease.cloned(),
+            attempts: save.attempts.to_vec(),
+        }
+    }
+
+    fn borrow(&self) -> Save<'_> {
+        Save {
+            before: &self.before,
+            after: &self.after,
+            guard: match &self.owner {
+                Some(token) => Guard::Owner(token),
+                None => Guard::Version(self.version),
+            },
+            lease: self.lease.as_ref(),
+            attempts: &self.attempts,
+        }
     }
 }
 

@@ -833,11 +833,11 @@ async fn bad_callbacks_are_answered_clearly() {
             "saga",
             "g1",
             "01",
-            "action",
+            "try",
             &json!({}),
         )
         .await;
-    assert_eq!(s, 400, "an inventory reservation is not a saga step: {b}");
+    assert_eq!(s, 400, "a saga has no Try: {b}");
     let (s, _) = env
         .call(
             "/inventory/reserve/confirm",
