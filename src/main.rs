@@ -5,9 +5,16 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 #[tokio::main]
 async fn main() {
+    let cli = idem::cli::Cli::parse();
+    // The server logs its life at info; the tools (bench, chaos, replay) run participants
+    // in-process whose info logs would drown their own output.
+    let default = match cli.command {
+        idem::cli::Command::Serve(_) => "info",
+        _ => "warn",
+    };
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
+        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)));
     // IDEM_COUNT_SQL=1 counts every statement sqlx runs (served in /metrics); the
     // benchmark turns it on for its counting pass.
     idem::metrics::set_sql_counting(std::env::var("IDEM_COUNT_SQL").is_ok_and(|v| v == "1"));
