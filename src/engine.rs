@@ -247,12 +247,29 @@ impl Engine {
     }
 
     fn new_lease(&self, now: Millis) -> Lease {
-        let mut node = self.config.node.clone();
-        node.truncate(24);
         Lease {
-            token: format!("{node}:{}", uuid::Uuid::new_v4().simple()),
+            token: format!("{}{}", self.token_prefix(), uuid::Uuid::new_v4().simple()),
             until: now + self.config.lease_ms,
         }
+    }
+
+    /// Every owner token of this node starts with this.
+    fn token_prefix(&self) -> String {
+        let node: String = self.config.node.chars().take(24).collect();
+        format!("{node}:")
+    }
+
+    /// At start-up: transactions a previous process of this node owned are resumed now,
+    /// not after their leases run out (that process is gone: one process per node name).
+    pub async fn release_own_leases(&self) -> Result<u64, StoreError> {
+        let released = self.store.release_node(&self.token_prefix()).await?;
+        if released > 0 {
+            tracing::info!(
+                released,
+                "resuming transactions a previous process of this node owned"
+            );
+        }
+        Ok(released)
     }
 
     /// Number of transactions this process is driving now.

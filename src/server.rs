@@ -127,6 +127,7 @@ pub async fn start_with(
     });
     let app = api::router(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    engine.release_own_leases().await?;
     tokio::spawn(Arc::clone(&engine).run_recovery());
     let task = tokio::spawn(async move {
         axum::serve(listener, app)

@@ -395,3 +395,39 @@ async fn operator_commands_list_show_retry_and_force_stop() {
     drop(server);
     db.drop_database().await;
 }
+
+/// A coordinator restarted under the same node name resumes what its dead predecessor
+/// owned at once, not after the (here one minute) lease.
+#[tokio::test]
+async fn restart_under_the_same_node_name_resumes_without_waiting_for_the_lease() {
+    let db = TestDatabase::create(Backend::Sqlite, "same_node_restart")
+        .await
+        .unwrap();
+    let p = Recorder::start().await;
+    p.delay("/a/confirm", None, 1_000, Duration::from_millis(300));
+    let long_lease = ["--lease-ms", "60000"];
+    let first = Child::serve(&db.url, "node-1", &long_lease);
+    let api = Api::new(first.url.clone());
+    let mut gids = Vec::new();
+    for i in 0..5 {
+        let gid = format!("resume-{i}");
+        let body = json!({"gid": gid, "kind": "tcc", "branches": [tcc_branch(&p, "a")]});
+        assert_eq!(api.post("/api/v1/transactions", body).await.0, 201);
+        api.post(&format!("/api/v1/transactions/{gid}/submit"), json!({}))
+            .await;
+        gids.push(gid);
+    }
+    p.wait_until(WAIT, |calls| calls.iter().any(|c| c.op == "confirm"))
+        .await;
+    first.kill();
+    let started = std::time::Instant::now();
+    let second = Child::serve(&db.url, "node-1", &long_lease);
+    wait_all(&Api::new(second.url.clone()), &gids, &["succeeded"]).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}: it waited for the lease",
+        started.elapsed()
+    );
+    drop(second);
+    db.drop_database().await;
+}

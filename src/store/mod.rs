@@ -180,6 +180,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// The retry history of one transaction, oldest first.
     async fn attempts(&self, gid: &str) -> Result<Vec<AttemptRecord>>;
+
+    /// Lets the leases of a dead process of this node lapse now: a coordinator restarted
+    /// under the same node name resumes its transactions at once instead of after the
+    /// lease. Only one process may run under a node name at a time (the default name, host
+    /// and port, ensures it). Returns how many transactions were released.
+    async fn release_node(&self, token_prefix: &str) -> Result<u64>;
+
+    /// How many transactions are in any of these statuses.
+    async fn count(&self, statuses: &[Status]) -> Result<u64>;
 }
 
 /// How to open a store.

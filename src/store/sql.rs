@@ -533,15 +533,37 @@ where
 
     async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<StoredTx>> {
         let gids = DB::claim(self, lease, now, limit).await?;
-        let mut out = Vec::with_capacity(gids.len());
-        for gid in gids {
-            // A claimed row can only change under our token now, so reading it after the
-            // claim is consistent.
-            if let Some(stored) = self.load(&gid).await? {
-                out.push(stored);
-            }
+        // A claimed row can only change under our token now, so reading it after the claim
+        // is consistent.
+        self.load_many(&gids).await
+    }
+
+    async fn release_node(&self, token_prefix: &str) -> Result<u64> {
+        let sql = self.sql.dynamic(&format!(
+            "UPDATE idem_global SET lease_until = NULL \
+             WHERE status IN {ACTIVE_STATUSES} AND substr(owner_token, 1, ?) = ?"
+        ));
+        let done = sqlx::query::<DB>(sqlx::AssertSqlSafe(sql))
+            .bind(token_prefix.len() as i32)
+            .bind(token_prefix)
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    async fn count(&self, statuses: &[Status]) -> Result<u64> {
+        let marks = vec!["?"; statuses.len().max(1)].join(", ");
+        let sql = self.sql.dynamic(&format!(
+            "SELECT count(*) FROM idem_global WHERE status IN ({marks})"
+        ));
+        let mut query = sqlx::query_scalar::<DB, i64>(sqlx::AssertSqlSafe(sql));
+        for s in statuses {
+            query = query.bind(s.as_str());
         }
-        Ok(out)
+        if statuses.is_empty() {
+            query = query.bind("");
+        }
+        Ok(query.fetch_one(&self.pool).await? as u64)
     }
 
     async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool> {
@@ -637,6 +659,38 @@ where
     for<'q> i32: Encode<'q, DB> + Type<DB>,
     for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
 {
+    /// Loads several transactions with two queries per batch of gids.
+    async fn load_many(&self, gids: &[String]) -> Result<Vec<StoredTx>> {
+        let mut out = Vec::with_capacity(gids.len());
+        for chunk in gids.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let globals = self.sql.dynamic(&format!(
+                "SELECT {GLOBAL_COLUMNS} FROM idem_global WHERE gid IN ({marks})"
+            ));
+            let branches = self.sql.dynamic(&format!(
+                "SELECT {BRANCH_COLUMNS} FROM idem_branch WHERE gid IN ({marks})"
+            ));
+            let mut gq = sqlx::query_as::<DB, GlobalRow>(sqlx::AssertSqlSafe(globals));
+            let mut bq = sqlx::query_as::<DB, BranchRow>(sqlx::AssertSqlSafe(branches));
+            for gid in chunk {
+                gq = gq.bind(gid.as_str());
+                bq = bq.bind(gid.as_str());
+            }
+            let rows = gq.fetch_all(&self.pool).await?;
+            let mut by_gid: HashMap<String, Vec<Branch>> = HashMap::new();
+            for row in bq.fetch_all(&self.pool).await? {
+                let gid = row.gid.clone();
+                by_gid.entry(gid).or_default().push(row.into_branch()?);
+            }
+            for row in rows {
+                let mut branches = by_gid.remove(&row.gid).unwrap_or_default();
+                core::sort_branches(&mut branches);
+                out.push(row.into_stored(branches)?);
+            }
+        }
+        Ok(out)
+    }
+
     async fn load_one(&self, gid: &str) -> Result<Option<StoredTx>> {
         let mut conn = self.pool.acquire().await?;
         let row: Option<GlobalRow> =

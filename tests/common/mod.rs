@@ -143,26 +143,25 @@ impl Child {
     /// waits until it listens (it prints its address).
     pub fn serve(database_url: &str, node: &str, extra: &[&str]) -> Child {
         use std::io::BufRead;
+        let defaults = [
+            ("--database-url", database_url),
+            ("--listen", "127.0.0.1:0"),
+            ("--node", node),
+            ("--lease-ms", "1500"),
+            ("--recovery-interval-ms", "100"),
+            ("--retry-interval-ms", "50"),
+            ("--max-retry-interval-ms", "200"),
+            ("--sqlite-full-sync", "false"),
+        ];
+        let mut args = vec!["serve".to_owned()];
+        for (flag, value) in defaults {
+            // An extra argument replaces the default (clap refuses a flag given twice).
+            if !extra.contains(&flag) {
+                args.extend([flag.to_owned(), value.to_owned()]);
+            }
+        }
         let mut process = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args([
-                "serve",
-                "--database-url",
-                database_url,
-                "--listen",
-                "127.0.0.1:0",
-                "--node",
-                node,
-                "--lease-ms",
-                "1500",
-                "--recovery-interval-ms",
-                "100",
-                "--retry-interval-ms",
-                "50",
-                "--max-retry-interval-ms",
-                "200",
-                "--sqlite-full-sync",
-                "false",
-            ])
+            .args(args)
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
