@@ -30,6 +30,12 @@ pub enum Workload {
     Saga,
     /// 2-step saga whose participant does no SQL: the coordinator alone.
     Empty,
+    /// `--inflight` sagas at once against a participant that answers slowly: the
+    /// coordinator's memory with that many transactions in flight.
+    Inflight,
+    /// `--inflight` sagas stuck at a participant, the coordinator killed with SIGKILL,
+    /// the participant healed, the coordinator restarted: how long until all are done.
+    Recovery,
 }
 
 #[derive(Clone, Debug)]
@@ -46,6 +52,10 @@ pub struct BenchConfig {
     /// Extra `idem serve` arguments.
     pub serve_args: Vec<String>,
     pub progress: bool,
+    /// Inflight and recovery: how many transactions.
+    pub inflight: usize,
+    /// Inflight: how long the participant takes to answer each call.
+    pub participant_delay: Duration,
 }
 
 /// SQL per global transaction, counted.
@@ -77,10 +87,27 @@ pub struct BenchResult {
     pub sql: Option<SqlPerTx>,
     pub coordinator_peak_rss_mb: f64,
     pub coordinator_cpu_seconds: f64,
+    /// Inflight: most transactions unfinished at once; recovery: how many were resumed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<u64>,
+    /// Recovery: seconds from the restart until every transaction was finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery_seconds: Option<f64>,
 }
 
 impl BenchResult {
     pub fn table(&self) -> String {
+        if let Some(n) = self.in_flight {
+            let mut out = format!(
+                "workload {} on {}: {} transactions, {} failed, {:.1} s\n  coordinator peak RSS {:.1} MB\n",
+                self.workload, self.backend, self.transactions, self.failures, self.seconds, self.coordinator_peak_rss_mb
+            );
+            match self.recovery_seconds {
+                Some(s) => out.push_str(&format!("  {n} unfinished at the SIGKILL; all finished {s:.1} s after the restart\n")),
+                None => out.push_str(&format!("  at most {n} transactions in flight at once\n")),
+            }
+            return out;
+        }
         let mut out = format!(
             "workload {} on {}, {} clients, {:.1} s\n  global transactions/s: {:.0}  ({} done, {} failed)\n  latency ms: p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}\n  coordinator: peak RSS {:.1} MB, CPU {:.2} ms per transaction\n",
             self.workload,
@@ -377,7 +404,7 @@ impl Client {
                     .await?;
                 expect_succeeded(&tx)
             }
-            Workload::Saga | Workload::Empty => {
+            Workload::Saga | Workload::Empty | Workload::Inflight | Workload::Recovery => {
                 let steps: Vec<Value> = (0..2)
                     .map(|i| json!({"action": self.urls[i], "compensate": self.urls[i], "payload": payloads[i]}))
                     .collect();
@@ -497,6 +524,9 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 
 /// Runs the benchmark.
 pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
+    if matches!(config.workload, Workload::Inflight | Workload::Recovery) {
+        return run_many_in_flight(config).await;
+    }
     crate::transport::install_crypto_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1_024)
@@ -599,6 +629,8 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         // CPU over warm-up and measurement, scaled to the measured share.
         coordinator_cpu_seconds: cpu * measured.as_secs_f64()
             / (config.warmup + config.duration).as_secs_f64(),
+        in_flight: None,
+        recovery_seconds: None,
     };
     coordinator.stop().await;
     participants.stop().await;
@@ -630,4 +662,133 @@ fn local_socket(db: &TestDatabase) -> String {
         }
         _ => db.url.clone(),
     }
+}
+
+/// A participant with no database that answers after a delay, or not at all while held.
+#[derive(Default)]
+struct Gate {
+    held: std::sync::atomic::AtomicBool,
+    released: tokio::sync::Notify,
+}
+
+async fn slow_participant(gate: Arc<Gate>, delay: Duration) -> Result<idem_demo::Service, Error> {
+    use std::sync::atomic::Ordering;
+    let router = axum::Router::new().fallback(move || {
+        let gate = Arc::clone(&gate);
+        async move {
+            loop {
+                let released = gate.released.notified();
+                if !gate.held.load(Ordering::SeqCst) {
+                    break;
+                }
+                released.await;
+            }
+            tokio::time::sleep(delay).await;
+            axum::Json(json!({"dtm_result": "SUCCESS"}))
+        }
+    });
+    Ok(idem_demo::spawn(router, "127.0.0.1:0").await?)
+}
+
+/// Creates `n` sagas (not waiting for them) through `clients` concurrent clients.
+async fn create_sagas(http: &reqwest::Client, api: &str, url: &str, run: &str, n: usize, clients: usize) -> Result<(), Error> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (http, api, url, run, next) = (http.clone(), api.to_owned(), url.to_owned(), run.to_owned(), Arc::clone(&next));
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= n {
+                    return Ok::<(), Error>(());
+                }
+                let steps: Vec<Value> = (0..2).map(|_| json!({"action": url, "compensate": url, "payload": {}})).collect();
+                let body = json!({"gid": format!("{run}-{i}"), "kind": "saga", "steps": steps});
+                let r = http.post(format!("{api}/api/v1/transactions")).json(&body).send().await?;
+                if r.status().as_u16() != 201 {
+                    return Err(format!("create answered {}", r.status()).into());
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+const ACTIVE: [crate::core::Status; 4] = crate::core::Status::ACTIVE;
+
+/// The inflight and recovery workloads.
+async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResult, Error> {
+    crate::transport::install_crypto_provider();
+    let http = reqwest::Client::builder().pool_max_idle_per_host(1_024).build()?;
+    let dbs = Databases::create(&config.backend).await?;
+    let store = crate::server::open_store(&dbs.coordinator, &crate::store::ConnectOptions::default()).await?;
+    let gate = Arc::new(Gate::default());
+    let recovery = config.workload == Workload::Recovery;
+    gate.held.store(recovery, std::sync::atomic::Ordering::SeqCst);
+    let delay = if recovery { Duration::ZERO } else { config.participant_delay };
+    let participant = slow_participant(Arc::clone(&gate), delay).await?;
+    let url = participant.url("/slow");
+    // Calls wait as long as the participant holds them, instead of timing out and retrying.
+    let mut serve_args = config.serve_args.clone();
+    serve_args.extend(["--request-timeout-ms".into(), "120000".into()]);
+    let mut coordinator = Coordinator::start(&config.idem_bin, &dbs.coordinator, false, &serve_args).await?;
+    let run_id = format!("f{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let started = Instant::now();
+    let api = coordinator.url.clone();
+    let creating = create_sagas(&http, &api, &url, &run_id, config.inflight, config.clients);
+    // Watch how many are unfinished while they are created and driven.
+    let mut most = 0u64;
+    tokio::pin!(creating);
+    loop {
+        tokio::select! {
+            done = &mut creating => { done?; break; }
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                most = most.max(store.count(&ACTIVE).await?);
+            }
+        }
+    }
+    most = most.max(store.count(&ACTIVE).await?);
+    let mut result = BenchResult {
+        workload: format!("{:?}", config.workload).to_lowercase(),
+        backend: config.backend.clone(),
+        clients: config.clients,
+        transactions: config.inflight as u64,
+        ..BenchResult::default()
+    };
+    if recovery {
+        coordinator.kill();
+        let _ = coordinator.child.wait().await;
+        gate.held.store(false, std::sync::atomic::Ordering::SeqCst);
+        gate.released.notify_waiters();
+        let unfinished = store.count(&ACTIVE).await?;
+        let restart = Instant::now();
+        coordinator = Coordinator::start(&config.idem_bin, &dbs.coordinator, false, &serve_args).await?;
+        while store.count(&ACTIVE).await? > 0 {
+            if restart.elapsed() > Duration::from_secs(600) {
+                return Err("recovery did not finish in 10 minutes".into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        result.recovery_seconds = Some(restart.elapsed().as_secs_f64());
+        result.in_flight = Some(unfinished);
+    } else {
+        while store.count(&ACTIVE).await? > 0 {
+            most = most.max(store.count(&ACTIVE).await?);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        result.in_flight = Some(most);
+    }
+    result.seconds = started.elapsed().as_secs_f64();
+    result.per_second = config.inflight as f64 / result.seconds;
+    result.coordinator_peak_rss_mb = coordinator.peak_rss_mb();
+    let failed = store.count(&[crate::core::Status::Failed, crate::core::Status::Stalled]).await?;
+    result.failures = failed;
+    coordinator.stop().await;
+    let _ = participant.stop().await;
+    drop(store);
+    dbs.drop().await;
+    Ok(result)
 }

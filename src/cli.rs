@@ -80,6 +80,12 @@ pub struct BenchArgs {
     /// An extra `idem serve` argument for the coordinator (repeatable).
     #[arg(long = "serve-arg", allow_hyphen_values = true)]
     pub serve_args: Vec<String>,
+    /// Inflight and recovery workloads: how many transactions.
+    #[arg(long, default_value_t = 10_000)]
+    pub inflight: usize,
+    /// Inflight workload: how long the participant takes per call, in ms.
+    #[arg(long, default_value_t = 2_000)]
+    pub participant_delay_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -282,6 +288,8 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
         idem_bin: std::env::current_exe()?,
         serve_args: args.serve_args,
         progress: true,
+        inflight: args.inflight,
+        participant_delay: Duration::from_millis(args.participant_delay_ms),
     };
     let result = crate::bench::run(&config).await?;
     print!("{}", result.table());
