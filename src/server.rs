@@ -130,6 +130,11 @@ pub async fn start_with(
     engine.release_own_leases().await?;
     tokio::spawn(Arc::clone(&engine).run_recovery());
     let task = tokio::spawn(async move {
+        use axum::serve::ListenerExt;
+        // Small JSON answers go out at once instead of waiting for Nagle's timer.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 let _ = rx.await;
