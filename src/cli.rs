@@ -86,6 +86,10 @@ pub struct BenchArgs {
     /// Inflight workload: how long the participant takes per call, in ms.
     #[arg(long, default_value_t = 2_000)]
     pub participant_delay_ms: u64,
+    /// Then run the limit script (bench/limit/, PostgreSQL with pgbench) with the same
+    /// clients and duration, and print idem's share of it. Run from the checkout root.
+    #[arg(long)]
+    pub limit: bool,
 }
 
 #[derive(Debug, Args)]
@@ -289,6 +293,7 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
         serve_args: args.serve_args,
         progress: true,
         inflight: args.inflight,
+        limit_root: args.limit.then(std::env::current_dir).transpose()?,
         participant_delay: Duration::from_millis(args.participant_delay_ms),
     };
     let result = crate::bench::run(&config).await?;

@@ -18,6 +18,8 @@ use crate::metrics::SqlCounts;
 use idem_demo::{inventory, payment};
 use idem_participant::testing::{Backend, TestDatabase};
 
+pub mod limit;
+
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -54,6 +56,8 @@ pub struct BenchConfig {
     pub progress: bool,
     /// Inflight and recovery: how many transactions.
     pub inflight: usize,
+    /// Also run the limit script (PostgreSQL: pgbench) from this checkout root.
+    pub limit_root: Option<PathBuf>,
     /// Inflight: how long the participant takes to answer each call.
     pub participant_delay: Duration,
 }
@@ -69,6 +73,9 @@ pub struct SqlPerTx {
     pub coordinator_commits: f64,
     pub participant_statements: f64,
     pub participant_commits: f64,
+    /// PostgreSQL's own count of committed transactions (`pg_stat_database.xact_commit`),
+    /// which includes single statements committed on their own.
+    pub server_commits: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -93,6 +100,11 @@ pub struct BenchResult {
     /// Recovery: seconds from the restart until every transaction was finished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery_seconds: Option<f64>,
+    /// The limit script's rate with the same clients, and idem's share of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_per_second: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share_of_limit: Option<f64>,
 }
 
 impl BenchResult {
@@ -100,10 +112,17 @@ impl BenchResult {
         if let Some(n) = self.in_flight {
             let mut out = format!(
                 "workload {} on {}: {} transactions, {} failed, {:.1} s\n  coordinator peak RSS {:.1} MB\n",
-                self.workload, self.backend, self.transactions, self.failures, self.seconds, self.coordinator_peak_rss_mb
+                self.workload,
+                self.backend,
+                self.transactions,
+                self.failures,
+                self.seconds,
+                self.coordinator_peak_rss_mb
             );
             match self.recovery_seconds {
-                Some(s) => out.push_str(&format!("  {n} unfinished at the SIGKILL; all finished {s:.1} s after the restart\n")),
+                Some(s) => out.push_str(&format!(
+                    "  {n} unfinished at the SIGKILL; all finished {s:.1} s after the restart\n"
+                )),
                 None => out.push_str(&format!("  at most {n} transactions in flight at once\n")),
             }
             return out;
@@ -124,13 +143,22 @@ impl BenchResult {
             self.coordinator_peak_rss_mb,
             1_000.0 * self.coordinator_cpu_seconds / self.transactions.max(1) as f64,
         );
+        if let (Some(limit), Some(share)) = (self.limit_per_second, self.share_of_limit) {
+            out.push_str(&format!(
+                "  limit (the same SQL and commits, pgbench, same clients): {limit:.0}/s; idem reaches {:.0} %\n",
+                share * 100.0
+            ));
+        }
         if let Some(sql) = &self.sql {
             out.push_str(&format!(
-                "  SQL per transaction (counted): {:.2} statements ({:.2} reads, {:.2} writes), {:.2} commits\n    coordinator {:.2} statements / {:.2} commits; participants {:.2} / {:.2}\n",
+                "  SQL per transaction (counted): {:.2} statements ({:.2} reads, {:.2} writes), {:.2} explicit COMMITs{}\n    coordinator {:.2} statements / {:.2} COMMITs; participants {:.2} / {:.2}\n",
                 sql.statements,
                 sql.reads,
                 sql.writes,
                 sql.commits,
+                sql.server_commits
+                    .map(|c| format!(", {c:.2} commits counted by PostgreSQL"))
+                    .unwrap_or_default(),
                 sql.coordinator_statements,
                 sql.coordinator_commits,
                 sql.participant_statements,
@@ -199,8 +227,8 @@ impl Databases {
     }
 }
 
-const SKUS: usize = 1_000;
-const ACCOUNTS: usize = 1_000;
+pub(crate) const SKUS: usize = 1_000;
+pub(crate) const ACCOUNTS: usize = 1_000;
 
 /// The participants, in this process.
 struct Participants {
@@ -552,6 +580,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         crate::metrics::set_sql_counting(true);
         let before_here = crate::metrics::sql_counts();
         let before_there = coordinator.sql(&http).await?;
+        let commits_before = server_commits(&dbs).await;
         for n in 0..config.count {
             client.one(&format!("count-{run_id}-{n}"), n).await?;
         }
@@ -559,6 +588,10 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         let there = delta(coordinator.sql(&http).await?, before_there);
         crate::metrics::set_sql_counting(false);
         coordinator.stop().await;
+        let server_commits_per_tx = match (commits_before, server_commits(&dbs).await) {
+            (Some(before), Some(after)) => Some((after - before) as f64 / config.count as f64),
+            _ => None,
+        };
         let per = |v: u64| v as f64 / config.count as f64;
         sql = Some(SqlPerTx {
             statements: per(here.reads + here.writes + there.reads + there.writes),
@@ -569,6 +602,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
             coordinator_commits: per(there.commits),
             participant_statements: per(here.reads + here.writes),
             participant_commits: per(here.commits),
+            server_commits: server_commits_per_tx,
         });
     }
 
@@ -631,10 +665,26 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
             / (config.warmup + config.duration).as_secs_f64(),
         in_flight: None,
         recovery_seconds: None,
+        limit_per_second: None,
+        share_of_limit: None,
     };
     coordinator.stop().await;
     participants.stop().await;
     dbs.drop().await;
+    let mut result = result;
+    if let Some(root) = &config.limit_root {
+        if config.backend == "postgres" {
+            let limit =
+                limit::postgres(root, config.workload, config.clients, config.duration).await?;
+            result.limit_per_second = Some(limit);
+            result.share_of_limit = Some(result.per_second / limit);
+        } else {
+            eprintln!(
+                "no limit script runner for {} yet: only postgres",
+                config.backend
+            );
+        }
+    }
     Ok(result)
 }
 
@@ -651,7 +701,7 @@ fn delta(after: SqlCounts, before: SqlCounts) -> SqlCounts {
 /// The URL of a test database through the server's Unix socket, when it has the usual
 /// one: a local deployment connects that way, and TCP (with TLS by default on Debian's
 /// PostgreSQL) costs a third of the throughput on this kind of machine.
-fn local_socket(db: &TestDatabase) -> String {
+pub(crate) fn local_socket(db: &TestDatabase) -> String {
     let name = db.name();
     match db.backend {
         Backend::Postgres if std::path::Path::new("/var/run/postgresql/.s.PGSQL.5432").exists() => {
@@ -691,20 +741,39 @@ async fn slow_participant(gate: Arc<Gate>, delay: Duration) -> Result<idem_demo:
 }
 
 /// Creates `n` sagas (not waiting for them) through `clients` concurrent clients.
-async fn create_sagas(http: &reqwest::Client, api: &str, url: &str, run: &str, n: usize, clients: usize) -> Result<(), Error> {
+async fn create_sagas(
+    http: &reqwest::Client,
+    api: &str,
+    url: &str,
+    run: &str,
+    n: usize,
+    clients: usize,
+) -> Result<(), Error> {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let (http, api, url, run, next) = (http.clone(), api.to_owned(), url.to_owned(), run.to_owned(), Arc::clone(&next));
+        let (http, api, url, run, next) = (
+            http.clone(),
+            api.to_owned(),
+            url.to_owned(),
+            run.to_owned(),
+            Arc::clone(&next),
+        );
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 if i >= n {
                     return Ok::<(), Error>(());
                 }
-                let steps: Vec<Value> = (0..2).map(|_| json!({"action": url, "compensate": url, "payload": {}})).collect();
+                let steps: Vec<Value> = (0..2)
+                    .map(|_| json!({"action": url, "compensate": url, "payload": {}}))
+                    .collect();
                 let body = json!({"gid": format!("{run}-{i}"), "kind": "saga", "steps": steps});
-                let r = http.post(format!("{api}/api/v1/transactions")).json(&body).send().await?;
+                let r = http
+                    .post(format!("{api}/api/v1/transactions"))
+                    .json(&body)
+                    .send()
+                    .await?;
                 if r.status().as_u16() != 201 {
                     return Err(format!("create answered {}", r.status()).into());
                 }
@@ -722,19 +791,29 @@ const ACTIVE: [crate::core::Status; 4] = crate::core::Status::ACTIVE;
 /// The inflight and recovery workloads.
 async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResult, Error> {
     crate::transport::install_crypto_provider();
-    let http = reqwest::Client::builder().pool_max_idle_per_host(1_024).build()?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(1_024)
+        .build()?;
     let dbs = Databases::create(&config.backend).await?;
-    let store = crate::server::open_store(&dbs.coordinator, &crate::store::ConnectOptions::default()).await?;
+    let store =
+        crate::server::open_store(&dbs.coordinator, &crate::store::ConnectOptions::default())
+            .await?;
     let gate = Arc::new(Gate::default());
     let recovery = config.workload == Workload::Recovery;
-    gate.held.store(recovery, std::sync::atomic::Ordering::SeqCst);
-    let delay = if recovery { Duration::ZERO } else { config.participant_delay };
+    gate.held
+        .store(recovery, std::sync::atomic::Ordering::SeqCst);
+    let delay = if recovery {
+        Duration::ZERO
+    } else {
+        config.participant_delay
+    };
     let participant = slow_participant(Arc::clone(&gate), delay).await?;
     let url = participant.url("/slow");
     // Calls wait as long as the participant holds them, instead of timing out and retrying.
     let mut serve_args = config.serve_args.clone();
     serve_args.extend(["--request-timeout-ms".into(), "120000".into()]);
-    let mut coordinator = Coordinator::start(&config.idem_bin, &dbs.coordinator, false, &serve_args).await?;
+    let mut coordinator =
+        Coordinator::start(&config.idem_bin, &dbs.coordinator, false, &serve_args).await?;
     let run_id = format!("f{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let started = Instant::now();
     let api = coordinator.url.clone();
@@ -765,7 +844,8 @@ async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResult, Error> 
         gate.released.notify_waiters();
         let unfinished = store.count(&ACTIVE).await?;
         let restart = Instant::now();
-        coordinator = Coordinator::start(&config.idem_bin, &dbs.coordinator, false, &serve_args).await?;
+        coordinator =
+            Coordinator::start(&config.idem_bin, &dbs.coordinator, false, &serve_args).await?;
         while store.count(&ACTIVE).await? > 0 {
             if restart.elapsed() > Duration::from_secs(600) {
                 return Err("recovery did not finish in 10 minutes".into());
@@ -784,11 +864,35 @@ async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResult, Error> 
     result.seconds = started.elapsed().as_secs_f64();
     result.per_second = config.inflight as f64 / result.seconds;
     result.coordinator_peak_rss_mb = coordinator.peak_rss_mb();
-    let failed = store.count(&[crate::core::Status::Failed, crate::core::Status::Stalled]).await?;
+    let failed = store
+        .count(&[crate::core::Status::Failed, crate::core::Status::Stalled])
+        .await?;
     result.failures = failed;
     coordinator.stop().await;
     let _ = participant.stop().await;
     drop(store);
     dbs.drop().await;
     Ok(result)
+}
+
+/// PostgreSQL's committed-transaction counter over the benchmark's databases. Statistics
+/// reach it within a second of a transaction's end, so this waits that long first.
+async fn server_commits(dbs: &Databases) -> Option<u64> {
+    use sqlx::Connection;
+    let first = dbs
+        .servers
+        .first()
+        .filter(|d| d.backend == Backend::Postgres)?;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut conn = sqlx::PgConnection::connect(&first.url).await.ok()?;
+    let names: Vec<String> = dbs.servers.iter().map(|d| d.name().to_owned()).collect();
+    let n: Option<i64> = sqlx::query_scalar(
+        "SELECT sum(xact_commit)::bigint FROM pg_stat_database WHERE datname = ANY($1)",
+    )
+    .bind(&names)
+    .fetch_one(&mut conn)
+    .await
+    .ok()?;
+    let _ = conn.close().await;
+    n.map(|n| n as u64)
 }

@@ -80,6 +80,7 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<MyS
     let url = url.replacen("mariadb://", "mysql://", 1);
     let connect = MySqlConnectOptions::from_str(&url)?;
     let pool = MySqlPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(options.max_connections)
         .after_connect(|conn, _| {
             Box::pin(async move {

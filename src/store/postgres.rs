@@ -84,11 +84,15 @@ impl Dialect for Postgres {
 
 pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<Postgres>> {
     let connect = PgConnectOptions::from_str(url)?;
+    // No ping before each use: it is a round trip per statement here, and a broken
+    // connection fails its statement anyway, which the engine retries.
     let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(options.max_connections)
         .connect_with(connect.clone())
         .await?;
     let relaxed = PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections((options.max_connections / 4).max(2))
         .connect_with(connect.options([("synchronous_commit", "off")]))
         .await?;

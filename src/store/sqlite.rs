@@ -78,6 +78,7 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<Sql
         })
         .busy_timeout(Duration::from_secs(10));
     let pool = SqlitePoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(options.max_connections.clamp(1, 8))
         .connect_with(connect)
         .await?;

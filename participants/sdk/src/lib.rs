@@ -70,7 +70,10 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<AnyPool, sqlx::E
                 .into(),
         )
     })?;
+    // No ping before each use (a round trip per step): a broken connection fails the
+    // step, which the coordinator retries.
     let pool = AnyPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(max_connections.max(1))
         .acquire_timeout(Duration::from_secs(30))
         .connect(url)
