@@ -8,8 +8,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgQueryResult};
 use sqlx::{Pool, Postgres, Transaction};
 
 use super::sql::{
-    ACTIVE_STATUSES, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET, SqlStore, clip,
-    translate,
+    ACTIVE_STATUSES, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET, SqlStore,
+    bind_branch_set, bind_global_insert, bind_global_update, clip, translate,
 };
 use super::{ConnectOptions, Guard, Lease, Result, Save, Saved};
 use crate::core::Millis;
@@ -109,7 +109,6 @@ async fn save_with_ctes(
     save: &Save<'_>,
     groups: &[BranchGroup<'_>],
 ) -> Result<Saved> {
-    let (before, after) = (save.before, save.after);
     let guard = match save.guard {
         Guard::Owner(_) => "owner_token = ?",
         Guard::Version(_) => "version = ?",
@@ -133,34 +132,13 @@ async fn save_with_ctes(
         ));
     }
     sql.push_str(" SELECT count(*) FROM g");
-    let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(translate(&sql, true)))
-        .bind(after.status.as_str())
-        .bind(after.stalled_from.map(|s| s.as_str()))
-        .bind(after.attempts)
-        .bind(after.next_attempt_at)
-        .bind(clip(&after.last_error))
-        .bind(after.reason.as_deref())
-        .bind(after.timeout_at)
-        .bind(after.updated_at)
-        .bind(after.finished_at)
-        .bind(save.lease.map(|l| l.token.as_str()))
-        .bind(save.lease.map(|l| l.until))
-        .bind(after.gid.as_str())
-        .bind(before.status.as_str());
-    query = match save.guard {
-        Guard::Owner(token) => query.bind(token),
-        Guard::Version(version) => query.bind(version),
-    };
+    let mut query = bind_global_update!(
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(translate(&sql, true))),
+        save
+    );
     for group in groups {
         let b = group.values;
-        query = query
-            .bind(b.status.as_str())
-            .bind(b.attempts)
-            .bind(b.next_attempt_at)
-            .bind(clip(&b.last_error))
-            .bind(b.updated_at)
-            .bind(b.finished_at)
-            .bind(b.action.as_str());
+        query = bind_branch_set!(query, b).bind(b.action.as_str());
         for id in &group.branch_ids {
             query = query.bind(*id);
         }
@@ -205,24 +183,13 @@ async fn create_with_ctes(
     sql.push_str(" SELECT count(*) FROM g");
     let options = serde_json::to_string(&tx.options)
         .map_err(|e| super::StoreError::Corrupt(e.to_string()))?;
-    let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(translate(&sql, true)))
-        .bind(tx.gid.as_str())
-        .bind(tx.kind.as_str())
-        .bind(tx.status.as_str())
-        .bind(tx.stalled_from.map(|s| s.as_str()))
-        .bind(request_hash)
-        .bind(options)
-        .bind(tx.timeout_at)
-        .bind(tx.attempts)
-        .bind(tx.next_attempt_at)
-        .bind(clip(&tx.last_error))
-        .bind(tx.reason.as_deref())
-        .bind(lease.map(|l| l.token.as_str()))
-        .bind(lease.map(|l| l.until))
-        .bind(0i64)
-        .bind(tx.created_at)
-        .bind(tx.updated_at)
-        .bind(tx.finished_at);
+    let mut query = bind_global_insert!(
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(translate(&sql, true))),
+        tx,
+        request_hash,
+        options,
+        lease
+    );
     for b in &tx.branches {
         query = query
             .bind(b.branch_id.as_str())

@@ -12,6 +12,74 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArgumen
 use super::*;
 use crate::core::{self, TxOptions};
 
+/// Binds the values of [`GLOBAL_SET`] and the WHERE of a save's conditional update, in
+/// statement order: the same for every database and for both ways of writing a save.
+macro_rules! bind_global_update {
+    ($query:expr, $save:expr) => {{
+        let save = $save;
+        let (before, after) = (save.before, save.after);
+        let query = $query
+            .bind(after.status.as_str())
+            .bind(after.stalled_from.map(|s| s.as_str()))
+            .bind(after.attempts)
+            .bind(after.next_attempt_at)
+            .bind($crate::store::sql::clip(&after.last_error))
+            .bind(after.reason.as_deref())
+            .bind(after.timeout_at)
+            .bind(after.updated_at)
+            .bind(after.finished_at)
+            .bind(save.lease.map(|l| l.token.as_str()))
+            .bind(save.lease.map(|l| l.until))
+            .bind(after.gid.as_str())
+            .bind(before.status.as_str());
+        match save.guard {
+            $crate::store::Guard::Owner(token) => query.bind(token),
+            $crate::store::Guard::Version(version) => query.bind(version),
+        }
+    }};
+}
+
+/// Binds the values of an insert of the global row ([`GLOBAL_COLUMNS`] order).
+macro_rules! bind_global_insert {
+    ($query:expr, $tx:expr, $request_hash:expr, $options:expr, $lease:expr) => {{
+        let (tx, lease) = ($tx, $lease);
+        $query
+            .bind(tx.gid.as_str())
+            .bind(tx.kind.as_str())
+            .bind(tx.status.as_str())
+            .bind(tx.stalled_from.map(|s| s.as_str()))
+            .bind($request_hash)
+            .bind($options)
+            .bind(tx.timeout_at)
+            .bind(tx.attempts)
+            .bind(tx.next_attempt_at)
+            .bind($crate::store::sql::clip(&tx.last_error))
+            .bind(tx.reason.as_deref())
+            .bind(lease.map(|l| l.token.as_str()))
+            .bind(lease.map(|l| l.until))
+            .bind(0i64)
+            .bind(tx.created_at)
+            .bind(tx.updated_at)
+            .bind(tx.finished_at)
+    }};
+}
+
+/// Binds a branch group's new values ([`BRANCH_SET`] order).
+macro_rules! bind_branch_set {
+    ($query:expr, $branch:expr) => {{
+        let b = $branch;
+        $query
+            .bind(b.status.as_str())
+            .bind(b.attempts)
+            .bind(b.next_attempt_at)
+            .bind($crate::store::sql::clip(&b.last_error))
+            .bind(b.updated_at)
+            .bind(b.finished_at)
+    }};
+}
+
+pub(crate) use {bind_branch_set, bind_global_insert, bind_global_update};
+
 /// What a database does its own way.
 pub trait Dialect: Database + Sized {
     const BACKEND: &'static str;
@@ -722,26 +790,15 @@ where
         lease: Option<&Lease>,
     ) -> Result<bool> {
         let options = serde_json::to_string(&tx.options).map_err(corrupt)?;
-        let insert = q::<DB>(&self.sql.insert_global)
-            .bind(tx.gid.as_str())
-            .bind(tx.kind.as_str())
-            .bind(tx.status.as_str())
-            .bind(tx.stalled_from.map(|s| s.as_str()))
-            .bind(request_hash)
-            .bind(options.as_str())
-            .bind(tx.timeout_at)
-            .bind(tx.attempts)
-            .bind(tx.next_attempt_at)
-            .bind(clip(&tx.last_error))
-            .bind(tx.reason.as_deref())
-            .bind(lease.map(|l| l.token.as_str()))
-            .bind(lease.map(|l| l.until))
-            .bind(0i64)
-            .bind(tx.created_at)
-            .bind(tx.updated_at)
-            .bind(tx.finished_at)
-            .execute(&mut *conn)
-            .await;
+        let insert = bind_global_insert!(
+            q::<DB>(&self.sql.insert_global),
+            tx,
+            request_hash,
+            options.as_str(),
+            lease
+        )
+        .execute(&mut *conn)
+        .await;
         let inserted = match insert {
             Ok(done) => DB::rows_affected(&done) == 1,
             Err(e) if is_unique_violation(&e) => false,
@@ -767,15 +824,12 @@ where
         let gid = save.after.gid.as_str();
         for group in groups {
             let b = group.values;
-            let mut update = q::<DB>(&self.sql.update_branches[group.branch_ids.len() - 1])
-                .bind(b.status.as_str())
-                .bind(b.attempts)
-                .bind(b.next_attempt_at)
-                .bind(clip(&b.last_error))
-                .bind(b.updated_at)
-                .bind(b.finished_at)
-                .bind(gid)
-                .bind(b.action.as_str());
+            let mut update = bind_branch_set!(
+                q::<DB>(&self.sql.update_branches[group.branch_ids.len() - 1]),
+                b
+            )
+            .bind(gid)
+            .bind(b.action.as_str());
             for id in &group.branch_ids {
                 update = update.bind(*id);
             }
@@ -872,29 +926,11 @@ where
         &'s self,
         save: &'s Save<'s>,
     ) -> sqlx::query::Query<'static, DB, DB::Arguments> {
-        let (before, after) = (save.before, save.after);
         let sql = match save.guard {
             Guard::Owner(_) => &self.sql.update_global_owned,
             Guard::Version(_) => &self.sql.update_global_by_version,
         };
-        let update = q::<DB>(sql)
-            .bind(after.status.as_str())
-            .bind(after.stalled_from.map(|s| s.as_str()))
-            .bind(after.attempts)
-            .bind(after.next_attempt_at)
-            .bind(clip(&after.last_error))
-            .bind(after.reason.as_deref())
-            .bind(after.timeout_at)
-            .bind(after.updated_at)
-            .bind(after.finished_at)
-            .bind(save.lease.map(|l| l.token.as_str()))
-            .bind(save.lease.map(|l| l.until))
-            .bind(after.gid.as_str())
-            .bind(before.status.as_str());
-        match save.guard {
-            Guard::Owner(token) => update.bind(token),
-            Guard::Version(version) => update.bind(version),
-        }
+        bind_global_update!(q::<DB>(sql), save)
     }
 
     async fn load_global(&self, conn: &mut DB::Connection, gid: &str) -> Result<StoredTx> {
