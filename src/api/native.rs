@@ -517,15 +517,50 @@ struct ActionRequest {
     reason: Option<String>,
 }
 
+/// The four operations on one transaction, which share their request and answer.
+#[derive(Clone, Copy)]
+enum Operation {
+    Submit,
+    Abort,
+    Retry,
+    ForceStop,
+}
+
+async fn operate(
+    app: &AppState,
+    gid: String,
+    body: Result<Bytes, BytesRejection>,
+    operation: Operation,
+) -> Result<Json<TxView>, ApiError> {
+    check_id("gid", "invalid_gid", &gid)?;
+    let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
+    let reason = |default: &str| req.reason.clone().unwrap_or_else(|| default.into());
+    let engine = &app.engine;
+    let stored = match operation {
+        Operation::Submit => engine.submit(&gid).await?,
+        Operation::Abort => engine.abort(&gid, &reason("aborted by the client")).await?,
+        Operation::Retry => engine.retry(&gid).await?,
+        Operation::ForceStop => {
+            let reason = reason("force-stopped by an operator");
+            engine.force_stop(&gid, &reason).await?
+        }
+    };
+    let stored = if req.wait_result {
+        engine
+            .wait_settled(&stored.tx.gid, app.wait_timeout)
+            .await?
+    } else {
+        stored
+    };
+    Ok(Json(TxView::new(&stored, None)))
+}
+
 async fn submit(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TxView>, ApiError> {
-    check_id("gid", "invalid_gid", &gid)?;
-    let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
-    let stored = app.engine.submit(&gid).await?;
-    finish(&app, stored, req.wait_result).await
+    operate(&app, gid, body, Operation::Submit).await
 }
 
 async fn abort(
@@ -533,11 +568,7 @@ async fn abort(
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TxView>, ApiError> {
-    check_id("gid", "invalid_gid", &gid)?;
-    let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
-    let reason = req.reason.unwrap_or_else(|| "aborted by the client".into());
-    let stored = app.engine.abort(&gid, &reason).await?;
-    finish(&app, stored, req.wait_result).await
+    operate(&app, gid, body, Operation::Abort).await
 }
 
 async fn retry(
@@ -545,10 +576,7 @@ async fn retry(
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TxView>, ApiError> {
-    check_id("gid", "invalid_gid", &gid)?;
-    let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
-    let stored = app.engine.retry(&gid).await?;
-    finish(&app, stored, req.wait_result).await
+    operate(&app, gid, body, Operation::Retry).await
 }
 
 async fn force_stop(
@@ -556,24 +584,7 @@ async fn force_stop(
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TxView>, ApiError> {
-    check_id("gid", "invalid_gid", &gid)?;
-    let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
-    let reason = req
-        .reason
-        .unwrap_or_else(|| "force-stopped by an operator".into());
-    let stored = app.engine.force_stop(&gid, &reason).await?;
-    Ok(Json(TxView::new(&stored, None)))
-}
-
-async fn finish(app: &AppState, stored: StoredTx, wait: bool) -> Result<Json<TxView>, ApiError> {
-    let stored = if wait {
-        app.engine
-            .wait_settled(&stored.tx.gid, app.wait_timeout)
-            .await?
-    } else {
-        stored
-    };
-    Ok(Json(TxView::new(&stored, None)))
+    operate(&app, gid, body, Operation::ForceStop).await
 }
 
 async fn show(
