@@ -145,7 +145,7 @@ impl BenchResult {
         );
         if let (Some(limit), Some(share)) = (self.limit_per_second, self.share_of_limit) {
             out.push_str(&format!(
-                "  limit (the same SQL and commits, pgbench, same clients): {limit:.0}/s; idem reaches {:.0} %\n",
+                "  limit (the same SQL and commits, same clients, database alone): {limit:.0}/s; idem reaches {:.0} %\n",
                 share * 100.0
             ));
         }
@@ -673,17 +673,23 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     dbs.drop().await;
     let mut result = result;
     if let Some(root) = &config.limit_root {
-        if config.backend == "postgres" {
-            let limit =
-                limit::postgres(root, config.workload, config.clients, config.duration).await?;
-            result.limit_per_second = Some(limit);
-            result.share_of_limit = Some(result.per_second / limit);
-        } else {
-            eprintln!(
-                "no limit script runner for {} yet: only postgres",
-                config.backend
-            );
-        }
+        let limit = match config.backend.as_str() {
+            "postgres" => {
+                limit::postgres(root, config.workload, config.clients, config.duration).await?
+            }
+            other => {
+                limit::other(
+                    root,
+                    other,
+                    config.workload,
+                    config.clients,
+                    config.duration,
+                )
+                .await?
+            }
+        };
+        result.limit_per_second = Some(limit);
+        result.share_of_limit = Some(result.per_second / limit);
     }
     Ok(result)
 }
