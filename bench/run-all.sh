@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the benchmark matrix of docs/performance.md and writes one JSON file per run into
 # the directory given (default: bench/results). Build first: cargo build --release.
-# Takes about 15 minutes on 2 cores. Every run uses fresh databases.
+# Takes about 20 minutes on 2 cores. Every run uses fresh databases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-bench/results}"
@@ -9,11 +9,9 @@ mkdir -p "$out"
 idem=./target/release/idem
 for backend in postgres sqlite mysql; do
   for workload in tcc saga empty; do
-    limit=""
-    [ "$backend" = postgres ] && limit="--limit"
     echo "== $workload on $backend"
     $idem bench --workload "$workload" --backend "$backend" --clients 32 --duration 20 --warmup 3 \
-      --count 300 $limit --json "$out/$workload-$backend.json" | tail -n +1
+      --count 300 --limit --json "$out/$workload-$backend.json" | tail -n +1
   done
 done
 for backend in postgres sqlite; do
