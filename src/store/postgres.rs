@@ -7,6 +7,8 @@ use futures::future::BoxFuture;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgQueryResult};
 use sqlx::{Pool, Postgres, Transaction};
 
+use idem_participant::LeanPool;
+
 use super::sql::{
     ACTIVE_STATUSES, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET, SqlStore,
     bind_branch_set, bind_global_insert, bind_global_update, clip, translate,
@@ -91,13 +93,12 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<Pos
         .max_connections(options.max_connections)
         .connect_with(connect.clone())
         .await?;
-    let relaxed = PgPoolOptions::new()
-        .test_before_acquire(false)
-        .max_connections((options.max_connections / 4).max(2))
-        .connect_with(connect.options([("synchronous_commit", "off")]))
-        .await?;
     let mut store = SqlStore::new(pool);
-    store.relaxed_pool = Some(relaxed);
+    store.lean = Some(LeanPool::new(connect.clone(), options.max_connections));
+    store.lean_relaxed = Some(LeanPool::new(
+        connect.options([("synchronous_commit", "off")]),
+        (options.max_connections / 4).max(2),
+    ));
     Ok(store)
 }
 
@@ -153,7 +154,7 @@ async fn save_with_ctes(
             .bind(a.outcome.as_str())
             .bind(clip(&a.detail));
     }
-    let matched = query.fetch_one(store.pool_for(save)).await?;
+    let matched = count_on(store, store.lean_for(save), query).await?;
     Ok(if matched == 0 {
         Saved::Lost
     } else {
@@ -204,5 +205,21 @@ async fn create_with_ctes(
             .bind(b.updated_at)
             .bind(b.finished_at);
     }
-    Ok(query.fetch_one(&store.pool).await? == 1)
+    Ok(count_on(store, store.lean.as_ref(), query).await? == 1)
+}
+
+/// Runs a `SELECT count(*)`-shaped statement on a lean connection if there is one.
+async fn count_on(
+    store: &SqlStore<Postgres>,
+    lean: Option<&LeanPool<Postgres>>,
+    query: sqlx::query::QueryScalar<'_, Postgres, i64, sqlx::postgres::PgArguments>,
+) -> sqlx::Result<i64> {
+    match lean {
+        Some(lean) => {
+            let mut conn = lean.get().await?;
+            let result = query.fetch_one(&mut *conn).await;
+            conn.keep_if_ok(result)
+        }
+        None => query.fetch_one(&store.pool).await,
+    }
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use idem_participant::LeanPool;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
 use super::*;
@@ -407,11 +408,14 @@ pub fn branch_groups<'a>(before: &Transaction, after: &'a Transaction) -> Vec<Br
 /// The store for one database.
 pub struct SqlStore<DB: Dialect> {
     pub pool: Pool<DB>,
+    /// Connections for the hot single-statement writes (PostgreSQL's create and save),
+    /// handed back without the round trip `sqlx::Pool` spends on every release.
+    pub lean: Option<LeanPool<DB>>,
     /// Where the final write of a finished transaction goes, if the database can commit
     /// it without waiting for the disk (PostgreSQL `synchronous_commit = off`). Losing it
     /// in a database crash only makes recovery deliver the last calls again, which the
     /// participants' barriers absorb; every decision is still committed durably.
-    pub relaxed_pool: Option<Pool<DB>>,
+    pub lean_relaxed: Option<LeanPool<DB>>,
     pub sql: Statements,
     /// Set by [`SqlStore::start_group_commit`]: writes go through one writer task.
     batch: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Job>>,
@@ -421,17 +425,18 @@ impl<DB: Dialect> SqlStore<DB> {
     pub fn new(pool: Pool<DB>) -> Self {
         SqlStore {
             pool,
-            relaxed_pool: None,
+            lean: None,
+            lean_relaxed: None,
             sql: Statements::new(DB::NUMBERED_PARAMETERS, DB::ON_DUPLICATE_DO_NOTHING),
             batch: std::sync::OnceLock::new(),
         }
     }
 
-    /// The pool for this save: the relaxed one for the final write of a driver.
-    pub fn pool_for(&self, save: &Save<'_>) -> &Pool<DB> {
-        match (&self.relaxed_pool, save.guard) {
-            (Some(relaxed), Guard::Owner(_)) if save.after.status.is_terminal() => relaxed,
-            _ => &self.pool,
+    /// The lean pool for this save: the relaxed one for the final write of a driver.
+    pub fn lean_for(&self, save: &Save<'_>) -> Option<&LeanPool<DB>> {
+        match (&self.lean_relaxed, save.guard) {
+            (Some(relaxed), Guard::Owner(_)) if save.after.status.is_terminal() => Some(relaxed),
+            _ => self.lean.as_ref(),
         }
     }
 }

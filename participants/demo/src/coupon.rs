@@ -18,7 +18,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use idem_participant::{BranchCall, Dialect, Op, ParticipantError, StepTx};
+use idem_participant::{BranchCall, Dialect, LeanPool, Op, ParticipantError, StepTx};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
 
@@ -156,7 +156,7 @@ pub fn router(pool: AnyPool) -> Router {
         .route("/coupon/issue/{op}", post(issue_op))
         .route("/coupon/users/{user}/coupons", get(get_coupons))
         .route("/coupon/campaigns/{code}", get(get_campaign))
-        .with_state(pool)
+        .with_state(crate::Db::new(pool))
 }
 
 /// Serves the coupon service on `listen` on a new task.
@@ -169,21 +169,25 @@ pub async fn serve(pool: AnyPool, listener: tokio::net::TcpListener) -> io::Resu
     axum::serve(listener, router(pool)).await
 }
 
-async fn issue(State(pool): State<AnyPool>, call: BranchCall, body: Bytes) -> StepResponse<Coupon> {
-    step(&pool, &call, &body).await
+async fn issue(
+    State(steps): State<LeanPool<Any>>,
+    call: BranchCall,
+    body: Bytes,
+) -> StepResponse<Coupon> {
+    step(&steps, &call, &body).await
 }
 
 async fn issue_op(
-    State(pool): State<AnyPool>,
+    State(steps): State<LeanPool<Any>>,
     Path(op): Path<String>,
     call: BranchCall,
     body: Bytes,
 ) -> StepResponse<Coupon> {
     call.expect_path_op(&op).map_err(err_response)?;
-    step(&pool, &call, &body).await
+    step(&steps, &call, &body).await
 }
 
-async fn step(pool: &AnyPool, call: &BranchCall, body: &[u8]) -> StepResponse<Coupon> {
+async fn step(pool: &LeanPool<Any>, call: &BranchCall, body: &[u8]) -> StepResponse<Coupon> {
     let op = call
         .expect_op(&[Op::Action, Op::Compensate])
         .map_err(err_response)?;

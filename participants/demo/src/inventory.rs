@@ -20,7 +20,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use idem_participant::{BranchCall, Dialect, Op, ParticipantError, StepTx};
+use idem_participant::{BranchCall, Dialect, LeanPool, Op, ParticipantError, StepTx};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
 
@@ -209,7 +209,7 @@ pub fn router(pool: AnyPool) -> Router {
             "/inventory/reservations/{gid}/{branch_id}",
             get(get_reservation),
         )
-        .with_state(pool)
+        .with_state(crate::Db::new(pool))
 }
 
 /// Serves the inventory on `listen` on a new task.
@@ -223,25 +223,25 @@ pub async fn serve(pool: AnyPool, listener: tokio::net::TcpListener) -> io::Resu
 }
 
 async fn reserve(
-    State(pool): State<AnyPool>,
+    State(steps): State<LeanPool<Any>>,
     call: BranchCall,
     body: Bytes,
 ) -> StepResponse<Reservation> {
-    step(&pool, &call, &body).await
+    step(&steps, &call, &body).await
 }
 
 async fn reserve_op(
-    State(pool): State<AnyPool>,
+    State(steps): State<LeanPool<Any>>,
     Path(op): Path<String>,
     call: BranchCall,
     body: Bytes,
 ) -> StepResponse<Reservation> {
     call.expect_path_op(&op).map_err(err_response)?;
-    step(&pool, &call, &body).await
+    step(&steps, &call, &body).await
 }
 
 /// One guarded inventory step.
-async fn step(pool: &AnyPool, call: &BranchCall, body: &[u8]) -> StepResponse<Reservation> {
+async fn step(pool: &LeanPool<Any>, call: &BranchCall, body: &[u8]) -> StepResponse<Reservation> {
     let op = call
         .expect_op(&[Op::Try, Op::Confirm, Op::Cancel, Op::Action, Op::Compensate])
         .map_err(err_response)?;

@@ -30,14 +30,44 @@ use std::io;
 use std::net::SocketAddr;
 
 use axum::Router;
+use axum::extract::FromRef;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use idem_participant::LeanPool;
 use idem_participant::{Dialect, ParticipantError};
-use sqlx::AnyPool;
+use sqlx::{Any, AnyPool};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use idem_participant;
+
+/// What a participant's handlers share: the pool for queries and set-up, and a
+/// [`LeanPool`] of the same size for the barrier steps, whose connections go back without
+/// the round trip `sqlx::Pool` spends on every release (one per step otherwise).
+#[derive(Clone)]
+pub struct Db {
+    pub pool: AnyPool,
+    pub steps: LeanPool<Any>,
+}
+
+impl Db {
+    pub fn new(pool: AnyPool) -> Db {
+        let steps = LeanPool::like(&pool);
+        Db { pool, steps }
+    }
+}
+
+impl FromRef<Db> for AnyPool {
+    fn from_ref(db: &Db) -> AnyPool {
+        db.pool.clone()
+    }
+}
+
+impl FromRef<Db> for LeanPool<Any> {
+    fn from_ref(db: &Db) -> LeanPool<Any> {
+        db.steps.clone()
+    }
+}
 
 /// A participant service running on a tokio task.
 pub struct Service {

@@ -15,7 +15,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use idem_participant::{BranchCall, Dialect, Op, ParticipantError, StepTx};
+use idem_participant::{BranchCall, Dialect, LeanPool, Op, ParticipantError, StepTx};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
 
@@ -162,7 +162,7 @@ pub fn router(pool: AnyPool) -> Router {
         .route("/payment/accounts", get(get_balances))
         .route("/payment/accounts/{account}", get(get_balance))
         .route("/payment/ledger/{gid}/{branch_id}", get(get_entry))
-        .with_state(pool)
+        .with_state(crate::Db::new(pool))
 }
 
 /// Serves the payment service on `listen` on a new task.
@@ -176,24 +176,24 @@ pub async fn serve(pool: AnyPool, listener: tokio::net::TcpListener) -> io::Resu
 }
 
 async fn freeze(
-    State(pool): State<AnyPool>,
+    State(steps): State<LeanPool<Any>>,
     call: BranchCall,
     body: Bytes,
 ) -> StepResponse<LedgerEntry> {
-    step(&pool, &call, &body).await
+    step(&steps, &call, &body).await
 }
 
 async fn freeze_op(
-    State(pool): State<AnyPool>,
+    State(steps): State<LeanPool<Any>>,
     Path(op): Path<String>,
     call: BranchCall,
     body: Bytes,
 ) -> StepResponse<LedgerEntry> {
     call.expect_path_op(&op).map_err(err_response)?;
-    step(&pool, &call, &body).await
+    step(&steps, &call, &body).await
 }
 
-async fn step(pool: &AnyPool, call: &BranchCall, body: &[u8]) -> StepResponse<LedgerEntry> {
+async fn step(pool: &LeanPool<Any>, call: &BranchCall, body: &[u8]) -> StepResponse<LedgerEntry> {
     let op = call
         .expect_op(&[Op::Try, Op::Confirm, Op::Cancel, Op::Action, Op::Compensate])
         .map_err(err_response)?;

@@ -31,8 +31,16 @@ pub(crate) mod sealed {
 
     /// The primitives. Private, so that [`BarrierDatabase`] can only be implemented here.
     pub trait Ops: Database {
-        fn pool_dialect(pool: &Pool<Self>) -> Dialect;
+        fn pool_dialect(pool: &Pool<Self>) -> Dialect {
+            Self::options_dialect(pool.connect_options().as_ref())
+        }
+        fn options_dialect(options: &<Self::Connection as sqlx::Connection>::Options) -> Dialect;
         fn conn_dialect(conn: &Self::Connection) -> Dialect;
+        /// Runs a fixed statement without preparing it (BEGIN, COMMIT, ROLLBACK).
+        fn exec_unprepared<'c>(
+            conn: &'c mut Self::Connection,
+            sql: &'static str,
+        ) -> BoxFuture<'c, Result<(), sqlx::Error>>;
         /// Runs one statement; returns the number of rows it affected.
         fn exec<'c>(
             conn: &'c mut Self::Connection,
@@ -58,14 +66,26 @@ pub(crate) mod sealed {
 pub trait BarrierDatabase: sealed::Ops {}
 
 macro_rules! impl_barrier_database {
-    ($db:ty, |$pool:ident| $pool_dialect:expr, |$conn:ident| $conn_dialect:expr) => {
+    ($db:ty, |$options:ident| $options_dialect:expr, |$conn:ident| $conn_dialect:expr) => {
         impl sealed::Ops for $db {
-            fn pool_dialect($pool: &Pool<Self>) -> Dialect {
-                $pool_dialect
+            fn options_dialect(
+                $options: &<<Self as Database>::Connection as sqlx::Connection>::Options,
+            ) -> Dialect {
+                $options_dialect
             }
 
             fn conn_dialect($conn: &<Self as Database>::Connection) -> Dialect {
                 $conn_dialect
+            }
+
+            fn exec_unprepared<'c>(
+                conn: &'c mut <Self as Database>::Connection,
+                sql: &'static str,
+            ) -> BoxFuture<'c, Result<(), sqlx::Error>> {
+                Box::pin(async move {
+                    sqlx::raw_sql(sql).execute(&mut *conn).await?;
+                    Ok(())
+                })
             }
 
             fn exec<'c>(
@@ -117,16 +137,18 @@ macro_rules! impl_barrier_database {
     };
 }
 
-impl_barrier_database!(sqlx::Sqlite, |_pool| Dialect::Sqlite, |_conn| {
+impl_barrier_database!(sqlx::Sqlite, |_options| Dialect::Sqlite, |_conn| {
     Dialect::Sqlite
 });
-impl_barrier_database!(sqlx::Postgres, |_pool| Dialect::Postgres, |_conn| {
+impl_barrier_database!(sqlx::Postgres, |_options| Dialect::Postgres, |_conn| {
     Dialect::Postgres
 });
-impl_barrier_database!(sqlx::MySql, |_pool| Dialect::Mysql, |_conn| Dialect::Mysql);
+impl_barrier_database!(sqlx::MySql, |_options| Dialect::Mysql, |_conn| {
+    Dialect::Mysql
+});
 impl_barrier_database!(
     sqlx::Any,
-    |pool| Dialect::from_url(pool.connect_options().database_url.as_str())
+    |options| Dialect::from_url(options.database_url.as_str())
         .expect("sqlx::Any only connects to sqlite, postgres and mysql URLs"),
     |conn| Dialect::from_backend_name(conn.backend_name())
         .expect("sqlx::Any backend is one of SQLite, PostgreSQL, MySQL")

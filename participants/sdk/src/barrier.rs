@@ -54,6 +54,7 @@ use sqlx::{AssertSqlSafe, Database, Pool, Transaction};
 use crate::backend::{Arg, BarrierDatabase};
 use crate::dialect::Dialect;
 use crate::error::{DbErrorKind, ParticipantError, classify};
+use crate::pool::{LeanPool, Leased};
 
 /// The table the barrier uses unless told otherwise.
 pub const DEFAULT_TABLE: &str = "idem_barrier";
@@ -273,9 +274,12 @@ fn jitter_unit() -> f64 {
 }
 
 /// Where the step's connection lives: a transaction the barrier opened and will commit
-/// ([`Barrier::run`]), or the caller's ([`Barrier::run_in`]).
+/// ([`Barrier::run`], on a `sqlx::Pool` or on a [`LeanPool`] connection), or the caller's
+/// ([`Barrier::run_in`]).
 enum Slot<'t, DB: Database> {
     Owned(Transaction<'static, DB>),
+    /// A leased connection on which the barrier began a transaction.
+    Leased(Leased<DB>),
     Borrowed(&'t mut DB::Connection),
 }
 
@@ -283,8 +287,75 @@ impl<DB: Database> Slot<'_, DB> {
     fn conn(&mut self) -> &mut DB::Connection {
         match self {
             Slot::Owned(tx) => tx,
+            Slot::Leased(conn) => conn,
             Slot::Borrowed(conn) => conn,
         }
+    }
+}
+
+/// A local transaction [`Barrier::run`] opened for one attempt of a step.
+pub struct OpenedStep<DB: Database>(Slot<'static, DB>);
+
+impl<DB: BarrierDatabase> OpenedStep<DB> {
+    async fn finish(self, commit: bool) -> Result<(), sqlx::Error> {
+        match self.0 {
+            Slot::Owned(tx) if commit => tx.commit().await,
+            Slot::Owned(tx) => tx.rollback().await,
+            Slot::Leased(mut conn) => {
+                let end = if commit { "COMMIT" } else { "ROLLBACK" };
+                let done = DB::exec_unprepared(&mut conn, end).await;
+                // Back to the pool only when the transaction ended cleanly.
+                conn.keep_if_ok(done)
+            }
+            Slot::Borrowed(_) => unreachable!("run owns its transaction"),
+        }
+    }
+}
+
+/// Where [`Barrier::run`] opens each step's local transaction: a `sqlx::Pool`, or a
+/// [`LeanPool`] (no round trip to hand the connection back).
+pub trait StepConnections: Sync {
+    type Database: BarrierDatabase;
+
+    /// The SQL dialect of the database behind it.
+    fn dialect(&self) -> Dialect;
+
+    /// Takes a connection and begins a transaction on it (with `begin`, if given, instead of
+    /// the backend's default statement).
+    fn open(
+        &self,
+        begin: Option<&'static str>,
+    ) -> impl Future<Output = Result<OpenedStep<Self::Database>, sqlx::Error>> + Send;
+}
+
+impl<DB: BarrierDatabase> StepConnections for Pool<DB> {
+    type Database = DB;
+
+    fn dialect(&self) -> Dialect {
+        DB::pool_dialect(self)
+    }
+
+    async fn open(&self, begin: Option<&'static str>) -> Result<OpenedStep<DB>, sqlx::Error> {
+        let tx = match begin {
+            Some(statement) => self.begin_with(statement).await?,
+            None => self.begin().await?,
+        };
+        Ok(OpenedStep(Slot::Owned(tx)))
+    }
+}
+
+impl<DB: BarrierDatabase> StepConnections for LeanPool<DB> {
+    type Database = DB;
+
+    fn dialect(&self) -> Dialect {
+        DB::options_dialect(self.connect_options())
+    }
+
+    async fn open(&self, begin: Option<&'static str>) -> Result<OpenedStep<DB>, sqlx::Error> {
+        let mut conn = self.get().await?;
+        // Dropped on failure: the pool closes a connection nobody vouched for.
+        DB::exec_unprepared(&mut conn, begin.unwrap_or("BEGIN")).await?;
+        Ok(OpenedStep(Slot::Leased(conn)))
     }
 }
 
@@ -315,6 +386,7 @@ impl<DB: Database> std::ops::Deref for StepConn<'_, '_, DB> {
     fn deref(&self) -> &DB::Connection {
         match &*self.guard {
             Slot::Owned(tx) => tx,
+            Slot::Leased(conn) => conn,
             Slot::Borrowed(conn) => conn,
         }
     }
@@ -565,18 +637,18 @@ impl Barrier {
     /// Committing can fail after the database has committed (a dropped connection). The
     /// caller then sees an error and the coordinator retries; the retry finds the row and
     /// returns the stored result, so even that case stays exactly-once.
-    pub async fn run<DB, T, F, Fut>(
+    pub async fn run<S, T, F, Fut>(
         &self,
-        pool: &Pool<DB>,
+        pool: &S,
         mut step: F,
     ) -> Result<Outcome<T>, ParticipantError>
     where
-        DB: BarrierDatabase,
+        S: StepConnections,
         T: Serialize + DeserializeOwned,
-        F: FnMut(StepTx<'static, DB>) -> Fut,
+        F: FnMut(StepTx<'static, S::Database>) -> Fut,
         Fut: Future<Output = Result<T, ParticipantError>>,
     {
-        let dialect = DB::pool_dialect(pool);
+        let dialect = pool.dialect();
         let barrier = Arc::new(self.clone());
         let mut attempt = 1;
         loop {
@@ -604,27 +676,23 @@ impl Barrier {
         }
     }
 
-    async fn attempt<DB, T, F, Fut>(
+    async fn attempt<S, T, F, Fut>(
         barrier: &Arc<Barrier>,
-        pool: &Pool<DB>,
+        pool: &S,
         dialect: Dialect,
         step: &mut F,
     ) -> Result<Outcome<T>, ParticipantError>
     where
-        DB: BarrierDatabase,
+        S: StepConnections,
         T: Serialize + DeserializeOwned,
-        F: FnMut(StepTx<'static, DB>) -> Fut,
+        F: FnMut(StepTx<'static, S::Database>) -> Fut,
         Fut: Future<Output = Result<T, ParticipantError>>,
     {
-        let tx = match dialect.begin_statement() {
-            Some(statement) => pool.begin_with(statement).await?,
-            None => pool.begin().await?,
-        };
-        let slot: Shared<'static, DB> = Arc::new(tokio::sync::Mutex::new(Slot::Owned(tx)));
+        let opened = pool.open(dialect.begin_statement()).await?;
+        let slot: Shared<'static, S::Database> = Arc::new(tokio::sync::Mutex::new(opened.0));
         let result = Barrier::guarded(barrier, &slot, dialect, step).await;
         let tx = match Arc::try_unwrap(slot).map(tokio::sync::Mutex::into_inner) {
-            Ok(Slot::Owned(tx)) => tx,
-            Ok(Slot::Borrowed(_)) => unreachable!("run owns its transaction"),
+            Ok(slot) => OpenedStep(slot),
             Err(_) => {
                 // The closure kept its StepTx alive (spawned it, stored it). The transaction
                 // rolls back when the last handle drops.
@@ -635,11 +703,11 @@ impl Barrier {
         };
         match result {
             Ok(outcome) => {
-                tx.commit().await?;
+                tx.finish(true).await?;
                 Ok(outcome)
             }
             Err(e) => {
-                if let Err(rollback) = tx.rollback().await {
+                if let Err(rollback) = tx.finish(false).await {
                     tracing::debug!(error = %rollback, "rollback after a failed step failed; the connection is discarded");
                 }
                 Err(e)

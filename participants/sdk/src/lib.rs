@@ -26,6 +26,10 @@
 //! It runs on SQLite, PostgreSQL and MySQL/MariaDB, with typed sqlx pools or with
 //! `sqlx::Any` (one binary, backend chosen by URL: see [`connect`]). The `axum` feature adds
 //! the callback extractor and the outcome-to-status mapping ([`http`]).
+//!
+//! [`Barrier::run`] opens each step's transaction on a `sqlx::Pool` or on a [`LeanPool`]
+//! (see [`StepConnections`]); the lean pool saves the round trip sqlx's pool spends on
+//! every release, one per step.
 
 pub mod backend;
 pub mod barrier;
@@ -33,6 +37,7 @@ pub mod dialect;
 pub mod error;
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod pool;
 pub mod schema;
 
 #[cfg(feature = "testing")]
@@ -40,12 +45,14 @@ pub mod testing;
 
 pub use backend::BarrierDatabase;
 pub use barrier::{
-    Barrier, DEFAULT_TABLE, InvalidCall, MSG_BRANCH_ID, Op, Outcome, RetryPolicy, StepTx, TransType,
+    Barrier, DEFAULT_TABLE, InvalidCall, MSG_BRANCH_ID, Op, OpenedStep, Outcome, RetryPolicy,
+    StepConnections, StepTx, TransType,
 };
 pub use dialect::Dialect;
 pub use error::ParticipantError;
 #[cfg(feature = "axum")]
 pub use http::{BranchCall, Payload};
+pub use pool::{LeanPool, Leased};
 pub use schema::{
     BarrierRecord, MsgState, barrier_ddl, barrier_records, barrier_records_in,
     create_barrier_table, create_barrier_table_named, purge_barriers, query_prepared,

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_participant::testing::{self, TestDatabase};
 use idem_participant::{
-    Barrier, BarrierRecord, Dialect, MsgState, Op, Outcome, ParticipantError, StepTx, TransType,
-    barrier_records, create_barrier_table, query_prepared,
+    Barrier, BarrierRecord, Dialect, LeanPool, MsgState, Op, Outcome, ParticipantError, StepTx,
+    TransType, barrier_records, create_barrier_table, query_prepared,
 };
 use sqlx::{Any, AnyPool, Row};
 
@@ -106,6 +106,60 @@ async fn fifty_concurrent_identical_tries_run_once() {
         // Attempts that lost a lock conflict may have entered the closure and rolled back;
         // exactly one committed.
         assert!(ran.load(Ordering::SeqCst) >= 1);
+        pool.close().await;
+        db.drop_database().await;
+    }
+}
+
+/// The same guarantees when steps take their connections from a `LeanPool` (which hands a
+/// connection back only after a clean COMMIT or ROLLBACK).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lean_pool_steps_run_once_and_a_failed_step_leaves_no_open_transaction() {
+    for db in testing::all("lean_pool_steps_run_once").await {
+        let pool = setup(&db).await;
+        let lean = LeanPool::<Any>::new((*pool.connect_options()).clone(), 2);
+        let g = gid("lean");
+        let start = Arc::new(tokio::sync::Barrier::new(30));
+        let mut tasks = Vec::new();
+        for _ in 0..30 {
+            let (lean, g, start) = (lean.clone(), g.clone(), start.clone());
+            tasks.push(tokio::spawn(async move {
+                start.wait().await;
+                tcc(&g, Op::Try)
+                    .run(&lean, |tx| async move { bump(&tx, 1).await })
+                    .await
+            }));
+        }
+        let mut executed = 0;
+        for task in tasks {
+            match task.await.unwrap().expect("no error reaches the caller") {
+                Outcome::Executed(_) => executed += 1,
+                Outcome::Duplicate(_) => {}
+                other => panic!("{}: unexpected {other:?}", db.backend),
+            }
+        }
+        assert_eq!(executed, 1, "{}", db.backend);
+        assert_eq!(counter(&pool).await, 1, "{}", db.backend);
+
+        // A Confirm whose business step fails after changing the counter: rolled back,
+        // and the connection it used must not carry the open transaction into later steps.
+        for _ in 0..3 {
+            let failed = tcc(&g, Op::Confirm)
+                .run(&lean, |tx| async move {
+                    bump(&tx, 100).await?;
+                    Err::<u64, _>(ParticipantError::refused("not today"))
+                })
+                .await;
+            assert!(failed.is_err(), "{}", db.backend);
+        }
+        assert_eq!(counter(&pool).await, 1, "{}: rolled back", db.backend);
+        let confirmed = tcc(&g, Op::Confirm)
+            .run(&lean, |tx| async move { bump(&tx, 10).await })
+            .await
+            .expect("the retried Confirm runs");
+        assert!(matches!(confirmed, Outcome::Executed(_)), "{}", db.backend);
+        assert_eq!(counter(&pool).await, 11, "{}", db.backend);
+        lean.close().await;
         pool.close().await;
         db.drop_database().await;
     }
