@@ -1,11 +1,14 @@
 //! MySQL and MariaDB.
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlQueryResult};
 use sqlx::{Executor, MySql, Pool, Transaction};
+
+use idem_participant::LeanPool;
 
 use super::sql::{ACTIVE_STATUSES, Dialect, SqlStore};
 use super::{ConnectOptions, Lease, Result};
@@ -76,22 +79,30 @@ impl Dialect for MySql {
     }
 }
 
+/// Locking reads under REPEATABLE READ also lock the gaps between index records, which
+/// blocks inserts of new transactions and invites deadlocks.
+const READ_COMMITTED: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+fn read_committed(conn: &mut sqlx::MySqlConnection) -> BoxFuture<'_, sqlx::Result<()>> {
+    async move {
+        conn.execute(READ_COMMITTED).await?;
+        Ok(())
+    }
+    .boxed()
+}
+
 pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<MySql>> {
     let url = url.replacen("mariadb://", "mysql://", 1);
     let connect = MySqlConnectOptions::from_str(&url)?;
     let pool = MySqlPoolOptions::new()
         .test_before_acquire(false)
         .max_connections(options.max_connections)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                // Locking reads under REPEATABLE READ also lock the gaps between index
-                // records, which blocks inserts of new transactions and invites deadlocks.
-                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                    .await?;
-                Ok(())
-            })
-        })
-        .connect_with(connect)
+        .after_connect(|conn, _| read_committed(conn))
+        .connect_with(connect.clone())
         .await?;
-    Ok(SqlStore::new(pool))
+    let mut store = SqlStore::new(pool);
+    store.lean = Some(
+        LeanPool::new(connect, options.max_connections).after_connect(Arc::new(read_committed)),
+    );
+    Ok(store)
 }

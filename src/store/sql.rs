@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use idem_participant::LeanPool;
+use idem_participant::{LeanPool, Leased};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
 use super::*;
@@ -97,6 +97,10 @@ pub trait Dialect: Database + Sized {
 
     /// sqlx has no database-neutral accessor for the affected-row count.
     fn rows_affected(result: &Self::QueryResult) -> u64;
+
+    /// The statement that starts a write transaction on a lean connection (see
+    /// [`Dialect::begin_write`]).
+    const BEGIN_WRITE: &'static str = "BEGIN";
 
     /// Starts a transaction that will write. SQLite takes the write lock at once
     /// (`BEGIN IMMEDIATE`) so that two writers never deadlock upgrading read locks.
@@ -441,6 +445,56 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 }
 
+/// A write transaction of a create or a save: on a lean connection when the store has a
+/// lean pool (no release round trip), else on sqlx's pool.
+enum WriteTx<DB: Database> {
+    Pooled(sqlx::Transaction<'static, DB>),
+    Lean(Leased<DB>),
+}
+
+impl<DB: Dialect> WriteTx<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    fn conn(&mut self) -> &mut DB::Connection {
+        match self {
+            WriteTx::Pooled(tx) => tx,
+            WriteTx::Lean(conn) => conn,
+        }
+    }
+
+    /// Commits (`true`) or rolls back.
+    async fn end(self, commit: bool) -> sqlx::Result<()> {
+        match self {
+            WriteTx::Pooled(tx) if commit => tx.commit().await,
+            WriteTx::Pooled(tx) => tx.rollback().await,
+            WriteTx::Lean(mut conn) => {
+                let end = if commit { "COMMIT" } else { "ROLLBACK" };
+                let done = sqlx::raw_sql(end).execute(&mut *conn).await.map(|_| ());
+                // Back to the pool only once the transaction ended cleanly; an error (or a
+                // `?` before this point) drops and closes the connection.
+                conn.keep_if_ok(done)
+            }
+        }
+    }
+}
+
+impl<DB: Dialect> SqlStore<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    async fn begin_write(&self) -> sqlx::Result<WriteTx<DB>> {
+        match &self.lean {
+            Some(lean) => {
+                let mut conn = lean.get().await?;
+                sqlx::raw_sql(DB::BEGIN_WRITE).execute(&mut *conn).await?;
+                Ok(WriteTx::Lean(conn))
+            }
+            None => Ok(WriteTx::Pooled(DB::begin_write(&self.pool).await?)),
+        }
+    }
+}
+
 fn q<DB: Database>(sql: &Arc<str>) -> sqlx::query::Query<'static, DB, DB::Arguments> {
     sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
 }
@@ -522,12 +576,12 @@ where
                 false => self.existing(&tx.gid).await,
             };
         }
-        let mut db = DB::begin_write(&self.pool).await?;
-        if !self.create_in(&mut db, tx, request_hash, lease).await? {
-            db.rollback().await?;
+        let mut db = self.begin_write().await?;
+        if !self.create_in(db.conn(), tx, request_hash, lease).await? {
+            db.end(false).await?;
             return self.existing(&tx.gid).await;
         }
-        db.commit().await?;
+        db.end(true).await?;
         Ok(Created::Inserted)
     }
 
@@ -548,15 +602,19 @@ where
         }
         if groups.is_empty() && save.attempts.is_empty() {
             // A decision or a lease alone: one conditional UPDATE needs no transaction.
-            let done = self.update_global(&save).execute(&self.pool).await?;
+            let done = match &self.lean {
+                Some(lean) => {
+                    let mut conn = lean.get().await?;
+                    let done = self.update_global(&save).execute(&mut *conn).await;
+                    conn.keep_if_ok(done)?
+                }
+                None => self.update_global(&save).execute(&self.pool).await?,
+            };
             return Ok(saved_if(DB::rows_affected(&done)));
         }
-        let mut db = DB::begin_write(&self.pool).await?;
-        let saved = self.save_in(&mut db, &save, &groups).await?;
-        match saved {
-            Saved::Saved => db.commit().await?,
-            Saved::Lost => db.rollback().await?,
-        }
+        let mut db = self.begin_write().await?;
+        let saved = self.save_in(db.conn(), &save, &groups).await?;
+        db.end(saved == Saved::Saved).await?;
         Ok(saved)
     }
 

@@ -30,6 +30,8 @@ impl Dialect for Sqlite {
         result.rows_affected()
     }
 
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+
     fn begin_write(pool: &Pool<Self>) -> BoxFuture<'_, sqlx::Result<Transaction<'static, Self>>> {
         // Taking the write lock up front: a deferred transaction that reads first and
         // writes later can fail with SQLITE_BUSY when another writer got in between.

@@ -14,6 +14,7 @@
 //! up to the maximum, and a broken idle connection fails its next statement and is dropped
 //! the same way (the caller's retry gets a fresh one).
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use sqlx::{ConnectOptions, Connection, Database, Pool};
@@ -32,8 +33,19 @@ impl<DB: Database> Clone for LeanPool<DB> {
     }
 }
 
+/// Runs on every new connection before its first use (session settings).
+pub type AfterConnect<DB> = Arc<
+    dyn for<'c> Fn(
+            &'c mut <DB as Database>::Connection,
+        )
+            -> std::pin::Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'c>>
+        + Send
+        + Sync,
+>;
+
 struct Inner<DB: Database> {
     options: <DB::Connection as Connection>::Options,
+    after_connect: Option<AfterConnect<DB>>,
     idle: Mutex<Vec<DB::Connection>>,
     permits: Arc<Semaphore>,
     max: u32,
@@ -46,11 +58,21 @@ impl<DB: Database> LeanPool<DB> {
         LeanPool {
             inner: Arc::new(Inner {
                 options,
+                after_connect: None,
                 idle: Mutex::new(Vec::new()),
                 permits: Arc::new(Semaphore::new(max as usize)),
                 max,
             }),
         }
+    }
+
+    /// Runs `init` on every connection this pool opens, before anyone uses it. Call it
+    /// before the pool is shared.
+    pub fn after_connect(mut self, init: AfterConnect<DB>) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("after_connect is set before the pool is cloned")
+            .after_connect = Some(init);
+        self
     }
 
     /// A pool with the connect options and the size of a `sqlx::Pool`, beside it.
@@ -83,7 +105,13 @@ impl<DB: Database> LeanPool<DB> {
         let idle = self.inner.idle.lock().expect("idle list lock").pop();
         let conn = match idle {
             Some(conn) => conn,
-            None => self.inner.options.connect().await?,
+            None => {
+                let mut conn = self.inner.options.connect().await?;
+                if let Some(init) = &self.inner.after_connect {
+                    init(&mut conn).await?;
+                }
+                conn
+            }
         };
         Ok(Leased {
             conn: Some(conn),
