@@ -22,6 +22,23 @@ pub fn script(root: &Path, backend: &str, workload: Workload) -> PathBuf {
 
 /// Runs the PostgreSQL limit script with pgbench (`-M prepared`, through the Unix socket)
 /// and returns its transactions per second.
+/// Every table in one database: the coordinator's (its migrations) and the participants'
+/// (their DDL), seeded as the benchmark seeds them.
+async fn create_and_seed(url: &str) -> Result<(), Error> {
+    crate::server::open_store(url, &crate::store::ConnectOptions::default()).await?;
+    let inventory = idem_demo::inventory::open(url).await?;
+    let payment = idem_demo::payment::open(url).await?;
+    for i in 0..super::SKUS {
+        idem_demo::inventory::seed(&inventory, &format!("sku-{i}"), 1_000_000_000).await?;
+    }
+    for i in 0..super::ACCOUNTS {
+        idem_demo::payment::seed(&payment, &format!("acct-{i}"), 1_000_000_000_000).await?;
+    }
+    inventory.close().await;
+    payment.close().await;
+    Ok(())
+}
+
 pub async fn postgres(
     root: &Path,
     workload: Workload,
@@ -33,19 +50,7 @@ pub async fn postgres(
         .ok_or("IDEM_TEST_SKIP names postgres")?;
     let socket_url = super::local_socket(&db);
     let result = async {
-        // Every table in one database: the coordinator's (its migrations) and the
-        // participants' (their DDL), seeded as the benchmark seeds them.
-        crate::server::open_store(&socket_url, &crate::store::ConnectOptions::default()).await?;
-        let inventory = idem_demo::inventory::open(&socket_url).await?;
-        let payment = idem_demo::payment::open(&socket_url).await?;
-        for i in 0..super::SKUS {
-            idem_demo::inventory::seed(&inventory, &format!("sku-{i}"), 1_000_000_000).await?;
-        }
-        for i in 0..super::ACCOUNTS {
-            idem_demo::payment::seed(&payment, &format!("acct-{i}"), 1_000_000_000_000).await?;
-        }
-        inventory.close().await;
-        payment.close().await;
+        create_and_seed(&socket_url).await?;
         let script = script(root, "postgres", workload);
         let out = tokio::process::Command::new("pgbench")
             .args(["-n", "-M", "prepared", "-j", "2"])
@@ -272,17 +277,7 @@ pub async fn other(
         }
     };
     let result = async {
-        crate::server::open_store(&url, &crate::store::ConnectOptions::default()).await?;
-        let inventory = idem_demo::inventory::open(&url).await?;
-        let payment = idem_demo::payment::open(&url).await?;
-        for i in 0..super::SKUS {
-            idem_demo::inventory::seed(&inventory, &format!("sku-{i}"), 1_000_000_000).await?;
-        }
-        for i in 0..super::ACCOUNTS {
-            idem_demo::payment::seed(&payment, &format!("acct-{i}"), 1_000_000_000_000).await?;
-        }
-        inventory.close().await;
-        payment.close().await;
+        create_and_seed(&url).await?;
         let text = std::fs::read_to_string(script(root, backend, workload))?;
         scripted(&url, &text, clients, duration).await
     }

@@ -11,7 +11,8 @@ use idem_participant::LeanPool;
 
 use super::sql::{
     ACTIVE_STATUSES, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET, SqlStore,
-    bind_branch_set, bind_global_insert, bind_global_update, clip, translate,
+    bind_attempt, bind_branch_insert, bind_branch_set, bind_global_insert, bind_global_update,
+    translate,
 };
 use super::{ConnectOptions, Guard, Lease, Result, Save, Saved};
 use crate::core::Millis;
@@ -145,14 +146,7 @@ async fn save_with_ctes(
         }
     }
     for a in save.attempts {
-        query = query
-            .bind(a.branch_id.as_str())
-            .bind(a.action.as_str())
-            .bind(a.attempt)
-            .bind(a.started_at)
-            .bind(a.duration_ms)
-            .bind(a.outcome.as_str())
-            .bind(clip(&a.detail));
+        query = bind_attempt!(query, a);
     }
     let matched = count_on(store, store.lean_for(save), query).await?;
     Ok(if matched == 0 {
@@ -192,18 +186,7 @@ async fn create_with_ctes(
         lease
     );
     for b in &tx.branches {
-        query = query
-            .bind(b.branch_id.as_str())
-            .bind(b.action.as_str())
-            .bind(b.seq)
-            .bind(b.url.as_str())
-            .bind(b.payload.as_str())
-            .bind(b.status.as_str())
-            .bind(b.attempts)
-            .bind(b.next_attempt_at)
-            .bind(clip(&b.last_error))
-            .bind(b.updated_at)
-            .bind(b.finished_at);
+        query = bind_branch_insert!(query, b);
     }
     Ok(count_on(store, store.lean.as_ref(), query).await? == 1)
 }

@@ -79,7 +79,43 @@ macro_rules! bind_branch_set {
     }};
 }
 
-pub(crate) use {bind_branch_set, bind_global_insert, bind_global_update};
+/// Binds a branch row's columns after its gid, in the order of the branch INSERTs.
+macro_rules! bind_branch_insert {
+    ($query:expr, $branch:expr) => {{
+        let b = $branch;
+        $query
+            .bind(b.branch_id.as_str())
+            .bind(b.action.as_str())
+            .bind(b.seq)
+            .bind(b.url.as_str())
+            .bind(b.payload.as_str())
+            .bind(b.status.as_str())
+            .bind(b.attempts)
+            .bind(b.next_attempt_at)
+            .bind($crate::store::sql::clip(&b.last_error))
+            .bind(b.updated_at)
+            .bind(b.finished_at)
+    }};
+}
+
+/// Binds an attempt row's columns after its gid, in the order of the attempt INSERTs.
+macro_rules! bind_attempt {
+    ($query:expr, $attempt:expr) => {{
+        let a = $attempt;
+        $query
+            .bind(a.branch_id.as_str())
+            .bind(a.action.as_str())
+            .bind(a.attempt)
+            .bind(a.started_at)
+            .bind(a.duration_ms)
+            .bind(a.outcome.as_str())
+            .bind($crate::store::sql::clip(&a.detail))
+    }};
+}
+
+pub(crate) use {
+    bind_attempt, bind_branch_insert, bind_branch_set, bind_global_insert, bind_global_update,
+};
 
 /// What a database does its own way.
 pub trait Dialect: Database + Sized {
@@ -901,15 +937,7 @@ where
         for chunk in save.attempts.chunks(INSERT_BATCH) {
             let mut insert = q::<DB>(&self.sql.insert_attempts[chunk.len() - 1]);
             for a in chunk {
-                insert = insert
-                    .bind(gid)
-                    .bind(a.branch_id.as_str())
-                    .bind(a.action.as_str())
-                    .bind(a.attempt)
-                    .bind(a.started_at)
-                    .bind(a.duration_ms)
-                    .bind(a.outcome.as_str())
-                    .bind(clip(&a.detail));
+                insert = bind_attempt!(insert.bind(gid), a);
             }
             insert.execute(&mut *conn).await?;
         }
@@ -1028,19 +1056,7 @@ where
         for chunk in branches.chunks(INSERT_BATCH) {
             let mut insert = q::<DB>(&self.sql.insert_branches[chunk.len() - 1]);
             for b in chunk {
-                insert = insert
-                    .bind(gid)
-                    .bind(b.branch_id.as_str())
-                    .bind(b.action.as_str())
-                    .bind(b.seq)
-                    .bind(b.url.as_str())
-                    .bind(b.payload.as_str())
-                    .bind(b.status.as_str())
-                    .bind(b.attempts)
-                    .bind(b.next_attempt_at)
-                    .bind(clip(&b.last_error))
-                    .bind(b.updated_at)
-                    .bind(b.finished_at);
+                insert = bind_branch_insert!(insert.bind(gid), b);
             }
             insert.execute(&mut *conn).await?;
         }

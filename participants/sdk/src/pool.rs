@@ -48,7 +48,6 @@ struct Inner<DB: Database> {
     after_connect: Option<AfterConnect<DB>>,
     idle: Mutex<Vec<DB::Connection>>,
     permits: Arc<Semaphore>,
-    max: u32,
 }
 
 impl<DB: Database> LeanPool<DB> {
@@ -61,7 +60,6 @@ impl<DB: Database> LeanPool<DB> {
                 after_connect: None,
                 idle: Mutex::new(Vec::new()),
                 permits: Arc::new(Semaphore::new(max as usize)),
-                max,
             }),
         }
     }
@@ -86,11 +84,6 @@ impl<DB: Database> LeanPool<DB> {
     /// The options connections are opened with.
     pub fn connect_options(&self) -> &<DB::Connection as Connection>::Options {
         &self.inner.options
-    }
-
-    /// The most connections open at once.
-    pub fn max_connections(&self) -> u32 {
-        self.inner.max
     }
 
     /// Waits for a free connection (opening one if none is idle).
