@@ -83,18 +83,16 @@ macro_rules! bind_branch_set {
 macro_rules! bind_branch_insert {
     ($query:expr, $branch:expr) => {{
         let b = $branch;
-        $query
-            .bind(b.branch_id.as_str())
-            .bind(b.action.as_str())
-            .bind(b.seq)
-            .bind(b.url.as_str())
-            .bind(b.payload.as_str())
-            .bind(b.status.as_str())
-            .bind(b.attempts)
-            .bind(b.next_attempt_at)
-            .bind($crate::store::sql::clip(&b.last_error))
-            .bind(b.updated_at)
-            .bind(b.finished_at)
+        // The columns after the payload are those a branch update sets, in that order.
+        bind_branch_set!(
+            $query
+                .bind(b.branch_id.as_str())
+                .bind(b.action.as_str())
+                .bind(b.seq)
+                .bind(b.url.as_str())
+                .bind(b.payload.as_str()),
+            b
+        )
     }};
 }
 
