@@ -762,7 +762,7 @@ fn branch_view(gid: &str, b: &Branch) -> Value {
     let status = match b.status {
         BranchStatus::Succeeded => "succeed",
         BranchStatus::Failed => "failed",
-        BranchStatus::Pending | BranchStatus::Skipped => "prepared",
+        BranchStatus::Pending | BranchStatus::Skipped | BranchStatus::Stalled => "prepared",
     };
     let mut view = json!({
         "gid": gid,

@@ -48,6 +48,12 @@ impl From<EngineError> for ApiError {
             EngineError::BranchConflict(_) => (StatusCode::CONFLICT, "branch_conflict"),
             EngineError::NotPrepared(_) => (StatusCode::CONFLICT, "not_prepared"),
             EngineError::InvalidState(CoreError::TimedOut) => (StatusCode::CONFLICT, "timed_out"),
+            EngineError::InvalidState(CoreError::TryFailed(_)) => {
+                (StatusCode::CONFLICT, "try_failed")
+            }
+            EngineError::InvalidState(CoreError::TryNotSucceeded(_)) => {
+                (StatusCode::CONFLICT, "try_not_succeeded")
+            }
             EngineError::InvalidState(CoreError::UnknownBranch(_)) => {
                 (StatusCode::NOT_FOUND, "unknown_branch")
             }

@@ -165,6 +165,12 @@ pub enum CoreError {
     UnknownBranch(BranchKey),
     #[error("branch {0} is already registered with a different URL or payload")]
     BranchConflict(BranchKey),
+    #[error("cannot commit: the Try of {0} was refused; abort the transaction")]
+    TryFailed(BranchKey),
+    #[error(
+        "cannot commit: the Try of {0} has not succeeded (its answer is unknown or still          in progress); call it again by registering the branch again, or abort"
+    )]
+    TryNotSucceeded(BranchKey),
 }
 
 /// Applies one event.
@@ -251,7 +257,19 @@ fn timed_out(tx: &Transaction, now: Millis) -> bool {
     tx.timeout_at.is_some_and(|at| at <= now)
 }
 
-/// One event's change of state. Planning happens afterwards, once.
+/// The status whose operations are under way: the stalled phase for a stalled
+/// transaction, else its status.
+fn phase_status(tx: &Transaction) -> Status {
+    match tx.status {
+        Status::Stalled => tx.stalled_from.unwrap_or(Status::Aborting),
+        status => status,
+    }
+}
+
+/// One event's change of state. Status changes that follow from the branches (a phase
+/// finished, a step failed, a call stalled, a timeout passed) are left to [`settle`],
+/// which runs once after all the events: so the answers of a round give the same result
+/// in any order and any grouping.
 fn step(tx: &mut Transaction, event: &Event, ctx: Ctx) -> Result<(), CoreError> {
     use Kind::*;
     use Status::*;
@@ -259,11 +277,17 @@ fn step(tx: &mut Transaction, event: &Event, ctx: Ctx) -> Result<(), CoreError> 
     match event {
         Event::Submit => match (tx.kind, tx.status) {
             (Tcc | Msg, Prepared) if timed_out(tx, now) => Err(CoreError::TimedOut),
-            (Tcc | Msg, Prepared) => {
+            (Tcc, Prepared) => {
+                check_tries(tx)?;
+                tx.status = Committing;
+                Ok(())
+            }
+            (Msg, Prepared) => {
                 tx.status = Committing;
                 Ok(())
             }
             (Tcc | Msg, Committing | Succeeded) => Ok(()),
+            (Tcc | Msg, Stalled) if tx.stalled_from == Some(Committing) => Ok(()),
             // A saga is submitted when it is created; a repeat changes nothing.
             (Saga, _) => Ok(()),
             _ => Err(illegal(tx, event.name())),
@@ -274,25 +298,15 @@ fn step(tx: &mut Transaction, event: &Event, ctx: Ctx) -> Result<(), CoreError> 
                 Ok(())
             }
             (Msg, Prepared) => {
-                tx.status = Failed;
-                tx.reason = Some(reason.clone());
+                finish_failed(tx, reason.clone());
                 Ok(())
             }
             (Tcc, Aborting | Failed) | (Msg, Failed) => Ok(()),
+            (Tcc, Stalled) if tx.stalled_from == Some(Aborting) => Ok(()),
             _ => Err(illegal(tx, event.name())),
         },
-        Event::Wake => {
-            match (tx.kind, tx.status) {
-                (Tcc, Prepared) if timed_out(tx, now) => {
-                    start_abort(tx, "global timeout while prepared".into())
-                }
-                (Saga, Running) if timed_out(tx, now) => {
-                    start_abort(tx, "global timeout before every step succeeded".into())
-                }
-                _ => {}
-            }
-            Ok(())
-        }
+        // Timers only make `settle` look at the clock.
+        Event::Wake => Ok(()),
         Event::Outcome { key, outcome } => record_outcome(tx, key, outcome, ctx),
         Event::Retry => match tx.status {
             Stalled => {
@@ -319,39 +333,71 @@ fn step(tx: &mut Transaction, event: &Event, ctx: Ctx) -> Result<(), CoreError> 
     }
 }
 
+/// TCC: a commit needs every Try idem called to have succeeded. A refused Try means the
+/// participant reserved nothing, so its Confirm would confirm nothing (or worse); a Try
+/// whose answer is unknown or still in progress may yet reserve, so it is refused too:
+/// the client calls the Try again (registering the branch again does) or aborts.
+fn check_tries(tx: &Transaction) -> Result<(), CoreError> {
+    let tries = || tx.branches_with(Action::Try);
+    if let Some(failed) = tries().find(|b| b.status == BranchStatus::Failed) {
+        return Err(CoreError::TryFailed(failed.key()));
+    }
+    if let Some(pending) = tries().find(|b| b.status != BranchStatus::Succeeded) {
+        return Err(CoreError::TryNotSucceeded(pending.key()));
+    }
+    Ok(())
+}
+
 fn start_abort(tx: &mut Transaction, reason: String) {
     tx.status = Status::Aborting;
     tx.reason.get_or_insert(reason);
 }
 
+fn finish_failed(tx: &mut Transaction, reason: String) {
+    tx.status = Status::Failed;
+    tx.reason.get_or_insert(reason);
+}
+
 fn make_pending_due(tx: &mut Transaction, reset_attempts: bool) {
     for branch in &mut tx.branches {
-        if branch.status == BranchStatus::Pending && branch.action != Action::Try {
+        if branch.action == Action::Try {
+            continue;
+        }
+        if reset_attempts && branch.status == BranchStatus::Stalled {
+            branch.status = BranchStatus::Pending;
+        }
+        if branch.status == BranchStatus::Pending {
             branch.next_attempt_at = None;
             if reset_attempts {
                 branch.attempts = 0;
+                branch.in_progress_since = None;
             }
         }
     }
 }
 
-/// Whether an answer for `action` can arrive while the transaction is in its status.
-fn expects(tx: &Transaction, action: Action) -> bool {
+/// Whether a call of `action` can have been made while the transaction was in its
+/// current phase (an answer to anything else is a caller's bug).
+fn could_have_called(tx: &Transaction, action: Action) -> bool {
     use Status::*;
+    let phase = phase_status(tx);
     match action {
         // Try is called on the caller's behalf and only recorded.
         Action::Try => true,
-        Action::Confirm => tx.status == Committing,
-        Action::Cancel | Action::Compensate => tx.status == Aborting,
+        Action::Confirm => phase == Committing,
+        Action::Cancel | Action::Compensate => phase == Aborting,
         // A saga action may still answer after a sibling's failure started the abort.
         Action::Action => match tx.kind {
-            Kind::Saga => matches!(tx.status, Running | Aborting),
-            _ => tx.status == Committing,
+            Kind::Saga => matches!(phase, Running | Aborting),
+            _ => phase == Committing,
         },
-        Action::QueryPrepared => tx.status == Prepared,
+        Action::QueryPrepared => phase == Prepared,
     }
 }
 
+/// Records one answer on its branch operation. It never changes the transaction's
+/// status (see [`step`]); it only counts, schedules the next attempt, or marks the
+/// operation succeeded, failed or stalled.
 fn record_outcome(
     tx: &mut Transaction,
     key: &BranchKey,
@@ -362,95 +408,95 @@ fn record_outcome(
     let Some(branch) = tx.branch(key) else {
         return Err(CoreError::UnknownBranch(key.clone()));
     };
-    if branch.status.is_done() {
-        // A repeated or late answer: the first final answer stands.
+    if branch.status != BranchStatus::Pending || tx.status.is_terminal() {
+        // A repeated or late answer: the first final answer stands, a stalled operation
+        // waits for the operator, and a finished transaction calls nothing more.
         return Ok(());
     }
-    if !expects(tx, key.action) {
+    if !could_have_called(tx, key.action) {
         return Err(illegal(tx, "record an answer for"));
     }
     let kind = tx.kind;
-    let status = tx.status;
     let options = tx.options.clone();
-    let branch = tx.branch_mut(key).expect("checked above");
-    branch.attempts += 1;
-    branch.updated_at = now;
-
+    // Try, saga action and msg back-check can fail for good; everything else must succeed.
     let failure_is_final = matches!(
         (kind, key.action),
         (_, Action::Try) | (Kind::Saga, Action::Action) | (_, Action::QueryPrepared)
     );
-    match outcome {
+    let branch = tx.branch_mut(key).expect("checked above");
+    branch.updated_at = now;
+    let mut used_up = false;
+    if let CallOutcome::InProgress(detail) = outcome {
+        let since = *branch.in_progress_since.get_or_insert(now);
+        let waited = now.saturating_sub(since);
+        if waited < Millis::try_from(options.max_in_progress_ms).unwrap_or(Millis::MAX) {
+            // Not counted against the attempt cap: the participant is working on it.
+            // Asked again at the base interval, within the in-progress cap.
+            branch.last_error = Some(format!("in progress: {detail}"));
+            branch.next_attempt_at = Some(now.saturating_add(options.retry_interval_ms as Millis));
+            tx.last_error = Some(format!("{key} in progress: {detail}"));
+            return Ok(());
+        }
+        used_up = true;
+    }
+    branch.attempts += 1;
+
+    let error = match outcome {
         CallOutcome::Success => {
             branch.status = BranchStatus::Succeeded;
             branch.finished_at = Some(now);
             branch.next_attempt_at = None;
-            if key.action == Action::QueryPrepared {
-                // The application's local transaction committed: deliver the message.
-                tx.status = Status::Committing;
-            }
+            branch.in_progress_since = None;
             return Ok(());
         }
         CallOutcome::Failure(detail) if failure_is_final => {
             branch.status = BranchStatus::Failed;
             branch.finished_at = Some(now);
             branch.next_attempt_at = None;
+            branch.in_progress_since = None;
             branch.last_error = Some(detail.clone());
-            let reason = format!("{key} failed: {detail}");
             tx.attempts += 1;
-            tx.last_error = Some(reason.clone());
-            match (kind, key.action, status) {
-                (Kind::Saga, Action::Action, Status::Running) => start_abort(tx, reason),
-                (_, Action::QueryPrepared, _) => {
-                    tx.status = Status::Failed;
-                    tx.reason = Some(reason);
-                }
-                _ => {}
-            }
+            tx.last_error = Some(format!("{key} failed: {detail}"));
             return Ok(());
         }
         CallOutcome::InProgress(detail) => {
-            // Not counted against the attempt cap: the participant is working on it.
-            branch.last_error = Some(format!("in progress: {detail}"));
-            branch.next_attempt_at = Some(now + options.retry_interval_ms as Millis);
-            tx.last_error = Some(format!("{key} in progress: {detail}"));
-            return Ok(());
+            let since = branch.in_progress_since.unwrap_or(now);
+            let waited = now.saturating_sub(since);
+            format!("still in progress after {waited} ms: {detail}")
         }
         CallOutcome::Failure(detail) => {
             // 409 from a call that must succeed: a participant bug or a transient
             // business state. Retried like any unknown result so that it ends in `stalled`.
-            branch.last_error = Some(format!("refused a call that must succeed: {detail}"));
+            format!("refused a call that must succeed: {detail}")
         }
-        CallOutcome::Unknown(detail) => {
-            branch.last_error = Some(detail.clone());
-        }
-    }
+        CallOutcome::Unknown(detail) => detail.clone(),
+    };
 
     // A retryable miss.
+    branch.in_progress_since = None;
+    branch.last_error = Some(error.clone());
     let attempts = branch.attempts;
-    let error = branch.last_error.clone().unwrap_or_default();
+    let exhausted = used_up || attempts >= options.max_attempts as i32;
+    if !exhausted {
+        branch.next_attempt_at =
+            Some(now.saturating_add(retry_delay(&options, attempts, ctx.jitter)));
+    } else {
+        branch.next_attempt_at = None;
+        match key.action {
+            // The caller's Try stays pending: idem does not call it again by itself.
+            Action::Try => {}
+            // A saga action that never got a definite answer: give up on it and
+            // compensate (its compensation is sent too, since it may have happened).
+            Action::Action if kind == Kind::Saga => {
+                branch.status = BranchStatus::Failed;
+                branch.finished_at = Some(now);
+                branch.last_error = Some(format!("exhausted {attempts} attempts: {error}"));
+            }
+            _ => branch.status = BranchStatus::Stalled,
+        }
+    }
     tx.attempts += 1;
     tx.last_error = Some(format!("{key}: {error}"));
-    let exhausted = attempts >= options.max_attempts as i32;
-    let branch = tx.branch_mut(key).expect("checked above");
-    if !exhausted {
-        branch.next_attempt_at = Some(now + retry_delay(&options, attempts, ctx.jitter));
-        return Ok(());
-    }
-    branch.next_attempt_at = None;
-    if failure_is_final {
-        // A saga action that never got a definite answer: give up on it and compensate
-        // (its compensation is sent too, since it may have happened).
-        branch.status = BranchStatus::Failed;
-        branch.finished_at = Some(now);
-        if kind == Kind::Saga && status == Status::Running {
-            start_abort(tx, format!("{key} exhausted {attempts} attempts: {error}"));
-        } else if key.action == Action::QueryPrepared {
-            stall(tx, format!("{key} exhausted {attempts} attempts: {error}"));
-        }
-    } else {
-        stall(tx, format!("{key} exhausted {attempts} attempts: {error}"));
-    }
     Ok(())
 }
 
@@ -462,10 +508,64 @@ fn stall(tx: &mut Transaction, error: String) {
     tx.last_error = Some(error);
 }
 
-/// Status changes that follow from the branches: finishing a phase, skipping the
-/// compensations of saga steps that were never sent.
+/// Status changes that follow from the clock and the branches: timeouts, a failed saga
+/// step or back-check, a stalled call, a finished phase, and skipping the compensations
+/// of saga steps that were never sent. Everything here depends only on the state, not
+/// on the events that led to it.
 fn settle(tx: &mut Transaction, ctx: Ctx) {
     let now = ctx.now;
+    if timed_out(tx, now) {
+        match (tx.kind, tx.status) {
+            (Kind::Tcc, Status::Prepared) => {
+                start_abort(tx, "global timeout while prepared".into())
+            }
+            (Kind::Saga, Status::Running) => {
+                start_abort(tx, "global timeout before every step succeeded".into())
+            }
+            // Without a back-check nobody can say whether the local transaction
+            // committed; the message is not delivered.
+            (Kind::Msg, Status::Prepared)
+                if tx.branches_with(Action::QueryPrepared).next().is_none() =>
+            {
+                finish_failed(
+                    tx,
+                    "global timeout while prepared, and no query_prepared to ask whether \
+                     the local transaction committed"
+                        .into(),
+                )
+            }
+            _ => {}
+        }
+    }
+    match (tx.kind, tx.status) {
+        (Kind::Saga, Status::Running) => {
+            let failed = tx
+                .branches_with(Action::Action)
+                .find(|b| b.status == BranchStatus::Failed)
+                .map(|b| {
+                    format!(
+                        "{} failed: {}",
+                        b.key(),
+                        b.last_error.as_deref().unwrap_or("")
+                    )
+                });
+            if let Some(reason) = failed {
+                start_abort(tx, reason);
+            }
+        }
+        (Kind::Msg, Status::Prepared) => {
+            let check = tx.branches_with(Action::QueryPrepared).next();
+            match check.map(|b| (b.status, b.key(), b.last_error.clone())) {
+                // The application's local transaction committed: deliver the message.
+                Some((BranchStatus::Succeeded, _, _)) => tx.status = Status::Committing,
+                Some((BranchStatus::Failed, key, error)) => {
+                    finish_failed(tx, format!("{key} failed: {}", error.unwrap_or_default()))
+                }
+                _ => {}
+            }
+        }
+        _ => {}
+    }
     if (tx.kind, tx.status) == (Kind::Saga, Status::Aborting) {
         let sent = steps_possibly_sent(tx);
         for branch in &mut tx.branches {
@@ -485,12 +585,22 @@ fn settle(tx: &mut Transaction, ctx: Ctx) {
         (Kind::Tcc, Status::Committing) => Some((Action::Confirm, Status::Succeeded)),
         (Kind::Tcc, Status::Aborting) => Some((Action::Cancel, Status::Failed)),
         (Kind::Msg, Status::Committing) => Some((Action::Action, Status::Succeeded)),
+        (Kind::Msg, Status::Prepared) => Some((Action::QueryPrepared, Status::Prepared)),
         _ => None,
     };
     if let Some((action, next)) = phase {
-        // A failed saga action has already turned the saga to aborting, so "done" here
-        // means succeeded, or skipped for a compensation that is not needed.
-        if tx.branches_with(action).all(|b| b.status.is_done()) {
+        let stalled = tx
+            .branches_with(action)
+            .find(|b| b.status == BranchStatus::Stalled)
+            .map(|b| {
+                let error = b.last_error.as_deref().unwrap_or("");
+                format!("{} exhausted {} attempts: {error}", b.key(), b.attempts)
+            });
+        if let Some(error) = stalled {
+            stall(tx, error);
+        } else if next != tx.status && tx.branches_with(action).all(|b| b.status.is_done()) {
+            // A failed saga action has already turned the saga to aborting, so "done"
+            // here means succeeded, or skipped for a compensation that is not needed.
             tx.status = next;
         }
     }

@@ -127,6 +127,10 @@ pub enum BranchStatus {
     Failed,
     /// Will never be called: the compensation of a saga step that was never sent.
     Skipped,
+    /// A call that must succeed used up its attempts (or stayed in progress past its
+    /// cap): nothing calls it again until an operator retries the transaction, which
+    /// makes it pending with fresh attempts.
+    Stalled,
 }
 
 impl BranchStatus {
@@ -136,11 +140,17 @@ impl BranchStatus {
             BranchStatus::Succeeded => "succeeded",
             BranchStatus::Failed => "failed",
             BranchStatus::Skipped => "skipped",
+            BranchStatus::Stalled => "stalled",
         }
     }
 
+    /// Has its final answer (or will never be called). A stalled operation is not done:
+    /// it waits for an operator.
     pub fn is_done(self) -> bool {
-        !matches!(self, BranchStatus::Pending)
+        matches!(
+            self,
+            BranchStatus::Succeeded | BranchStatus::Failed | BranchStatus::Skipped
+        )
     }
 }
 
@@ -195,7 +205,7 @@ str_enum!(
 str_enum!(
     BranchStatus,
     "branch status",
-    [Pending, Succeeded, Failed, Skipped]
+    [Pending, Succeeded, Failed, Skipped, Stalled]
 );
 
 /// How a participant's answer is read.
@@ -224,6 +234,12 @@ pub struct TxOptions {
     /// Attempts per branch operation before giving up (saga action: compensate;
     /// Confirm/Cancel/compensation/msg action: stall).
     pub max_attempts: u32,
+    /// The longest time one branch operation may keep answering "in progress" (425, or
+    /// DTM's `ONGOING`), counted from its first such answer. Past it the call counts as
+    /// an unknown result that used up its attempts: a saga action is compensated, a call
+    /// that must succeed stalls.
+    #[serde(default = "default_max_in_progress_ms")]
+    pub max_in_progress_ms: u64,
     /// Global timeout, counted from creation: a TCC still prepared, a saga still running
     /// forward, or a msg not submitted by then is aborted (msg: checked back).
     #[serde(default)]
@@ -241,6 +257,13 @@ pub struct TxOptions {
     pub orders: BTreeMap<usize, Vec<usize>>,
 }
 
+/// One hour: a step may be slow, but not silently forever.
+pub const DEFAULT_MAX_IN_PROGRESS_MS: u64 = 3_600_000;
+
+fn default_max_in_progress_ms() -> u64 {
+    DEFAULT_MAX_IN_PROGRESS_MS
+}
+
 impl Default for TxOptions {
     fn default() -> Self {
         TxOptions {
@@ -248,6 +271,7 @@ impl Default for TxOptions {
             retry_interval_ms: 1_000,
             max_retry_interval_ms: 60_000,
             max_attempts: 12,
+            max_in_progress_ms: DEFAULT_MAX_IN_PROGRESS_MS,
             timeout_ms: None,
             protocol: Protocol::Native,
             branch_headers: BTreeMap::new(),
@@ -272,6 +296,10 @@ pub struct Branch {
     /// Earliest time of the next call; `None` means as soon as it is due.
     pub next_attempt_at: Option<Millis>,
     pub last_error: Option<String>,
+    /// When the participant first answered "in progress" in the current run of answers
+    /// of that kind; cleared by any other answer.
+    #[serde(default)]
+    pub in_progress_since: Option<Millis>,
     pub updated_at: Millis,
     pub finished_at: Option<Millis>,
 }
@@ -295,6 +323,7 @@ impl Branch {
             attempts: 0,
             next_attempt_at: None,
             last_error: None,
+            in_progress_since: None,
             updated_at: now,
             finished_at: None,
         }
@@ -359,7 +388,9 @@ impl Transaction {
         options: TxOptions,
         now: Millis,
     ) -> Transaction {
-        let timeout_at = options.timeout_ms.map(|t| now.saturating_add(t as Millis));
+        let timeout_at = options
+            .timeout_ms
+            .map(|t| now.saturating_add(Millis::try_from(t).unwrap_or(Millis::MAX)));
         Transaction {
             gid: gid.into(),
             kind,

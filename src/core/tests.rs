@@ -429,9 +429,47 @@ fn try_answers_are_recorded_while_prepared() {
         t.tx.branch(&key("a", Action::Try)).unwrap().status,
         BranchStatus::Failed
     );
-    // Try is never called by the engine itself.
-    let c = run(&t.tx, &[Event::Submit], T0);
-    assert_eq!(calls(&c), ["a/confirm"]);
+    // A refused Try forbids the commit: nothing is confirmed, the state is unchanged.
+    assert_eq!(
+        apply(&t.tx, &Event::Submit, Ctx::at(T0)),
+        Err(CoreError::TryFailed(key("a", Action::Try)))
+    );
+    // Abort is what the client does instead: every branch is cancelled.
+    let c = run(
+        &t.tx,
+        &[Event::Abort {
+            reason: "try".into(),
+        }],
+        T0,
+    );
+    assert_eq!(calls(&c), ["a/cancel"]);
+}
+
+#[test]
+fn submit_waits_for_every_try_to_succeed() {
+    let mut tx = tcc(&["a", "b"]);
+    for id in ["a", "b"] {
+        tx.branches
+            .push(Branch::new(id, Action::Try, 0, "http://p/try", "{}", T0));
+    }
+    tx.sort_branches();
+    // a's Try answered unknown, b's never answered: neither may be confirmed yet.
+    let t = run(
+        &tx,
+        &[outcome(
+            "a",
+            Action::Try,
+            CallOutcome::Unknown("timed out".into()),
+        )],
+        T0,
+    );
+    assert_eq!(
+        apply(&t.tx, &Event::Submit, Ctx::at(T0)),
+        Err(CoreError::TryNotSucceeded(key("a", Action::Try)))
+    );
+    let t = run(&t.tx, &[ok("a", Action::Try), ok("b", Action::Try)], T0 + 1);
+    let c = run(&t.tx, &[Event::Submit], T0 + 2);
+    assert_eq!(calls(&c), ["a/confirm", "b/confirm"]);
 }
 
 // ---- Saga ------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ use sqlx::{Pool, Postgres, Transaction};
 use idem_participant::LeanPool;
 
 use super::sql::{
-    ACTIVE_STATUSES, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET, SqlStore,
-    bind_attempt, bind_branch_insert, bind_branch_set, bind_global_insert, bind_global_update,
-    translate,
+    ACTIVE_STATUSES, BRANCH_COLUMNS, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET,
+    SqlStore, bind_attempt, bind_branch_insert, bind_branch_set, bind_global_insert,
+    bind_global_update, translate,
 };
 use super::{ConnectOptions, Guard, Lease, Result, Save, Saved};
 use crate::core::Millis;
@@ -168,11 +168,11 @@ async fn create_with_ctes(
         "WITH g AS (INSERT INTO idem_global ({GLOBAL_COLUMNS}) VALUES ({marks}) ON CONFLICT DO NOTHING RETURNING gid)"
     );
     if !tx.branches.is_empty() {
-        let row = "(?::varchar, ?::varchar, ?::int, ?::text, ?::text, ?::varchar, ?::int, ?::bigint, ?::text, ?::bigint, ?::bigint)";
+        let row = "(?::varchar, ?::varchar, ?::int, ?::text, ?::text, ?::varchar, ?::int, ?::bigint, ?::text, ?::bigint, ?::bigint, ?::bigint)";
         let rows = vec![row; tx.branches.len()].join(", ");
         sql.push_str(&format!(
-            ", b AS (INSERT INTO idem_branch (gid, branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, updated_at, finished_at) \
-             SELECT g.gid, v.* FROM g, (VALUES {rows}) AS v(branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, updated_at, finished_at))"
+            ", b AS (INSERT INTO idem_branch ({BRANCH_COLUMNS}) \
+             SELECT g.gid, v.* FROM g, (VALUES {rows}) AS v(branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, in_progress_since, updated_at, finished_at))"
         ));
     }
     sql.push_str(" SELECT count(*) FROM g");

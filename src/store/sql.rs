@@ -74,6 +74,7 @@ macro_rules! bind_branch_set {
             .bind(b.attempts)
             .bind(b.next_attempt_at)
             .bind($crate::store::sql::clip(&b.last_error))
+            .bind(b.in_progress_since)
             .bind(b.updated_at)
             .bind(b.finished_at)
     }};
@@ -175,7 +176,7 @@ pub(super) const GLOBAL_COLUMNS: &str = "gid, kind, status, stalled_from, reques
      attempts, next_attempt_at, last_error, reason, owner_token, lease_until, version, \
      created_at, updated_at, finished_at";
 pub(super) const BRANCH_COLUMNS: &str = "gid, branch_id, action, seq, url, payload, status, attempts, \
-     next_attempt_at, last_error, updated_at, finished_at";
+     next_attempt_at, last_error, in_progress_since, updated_at, finished_at";
 pub(super) const ATTEMPT_COLUMNS: &str =
     "branch_id, action, attempt, started_at, duration_ms, outcome, detail";
 pub(super) const ACTIVE_STATUSES: &str = "('prepared', 'running', 'committing', 'aborting')";
@@ -238,7 +239,7 @@ impl Statements {
                 .map(|n| {
                     t(format!(
                         "INSERT INTO idem_branch ({BRANCH_COLUMNS}) VALUES {}",
-                        rows(n, 12)
+                        rows(n, 13)
                     ))
                 })
                 .collect(),
@@ -269,7 +270,7 @@ impl Statements {
 }
 
 pub(super) const BRANCH_SET: &str = "status = ?, attempts = ?, next_attempt_at = ?, \
-     last_error = ?, updated_at = ?, finished_at = ?";
+     last_error = ?, in_progress_since = ?, updated_at = ?, finished_at = ?";
 
 pub(super) const GLOBAL_SET: &str = "status = ?, stalled_from = ?, attempts = ?, next_attempt_at = ?, \
      last_error = ?, reason = ?, timeout_at = ?, updated_at = ?, finished_at = ?, \
@@ -335,6 +336,7 @@ pub struct BranchRow {
     pub attempts: i32,
     pub next_attempt_at: Option<i64>,
     pub last_error: Option<String>,
+    pub in_progress_since: Option<i64>,
     pub updated_at: i64,
     pub finished_at: Option<i64>,
 }
@@ -366,6 +368,7 @@ impl BranchRow {
             attempts: self.attempts,
             next_attempt_at: self.next_attempt_at,
             last_error: self.last_error,
+            in_progress_since: self.in_progress_since,
             updated_at: self.updated_at,
             finished_at: self.finished_at,
         })
@@ -426,6 +429,7 @@ pub fn branch_groups<'a>(before: &Transaction, after: &'a Transaction) -> Vec<Br
                 && v.attempts == branch.attempts
                 && v.next_attempt_at == branch.next_attempt_at
                 && v.last_error == branch.last_error
+                && v.in_progress_since == branch.in_progress_since
                 && v.updated_at == branch.updated_at
                 && v.finished_at == branch.finished_at
         };
