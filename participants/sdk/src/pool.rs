@@ -187,14 +187,18 @@ mod tests {
 
     fn memory_pool(max: u32) -> LeanPool<Sqlite> {
         LeanPool::new(
-            SqliteConnectOptions::from_str("sqlite::memory:").unwrap(),
+            // `cache=private`: sqlx opens `sqlite::memory:` in shared-cache mode, where every
+            // connection of one options value sees the same database for as long as any of
+            // them is open, and a dropped connection closes on its worker thread a moment
+            // later; the tests then saw the dropped connection's table on a fresh one.
+            SqliteConnectOptions::from_str("sqlite://?mode=memory&cache=private").unwrap(),
             max,
         )
     }
 
     async fn marker(conn: &mut sqlx::SqliteConnection) -> i64 {
-        // Each in-memory connection is its own database: a table made on one connection
-        // tells whether a later lease got that same connection back.
+        // Each private in-memory connection is its own database: a table made on one
+        // connection tells whether a later lease got that same connection back.
         sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE name = 'seen'")
             .fetch_one(conn)
             .await
