@@ -157,6 +157,11 @@ pub struct ServeArgs {
     /// Default attempts per branch operation before it stalls (or a saga compensates).
     #[arg(long, default_value_t = 12)]
     pub max_attempts: u32,
+    /// Default longest time one branch operation may keep answering "in progress" (425
+    /// or DTM's ONGOING), in ms; past it the call counts as failed for good (a saga
+    /// compensates, a Confirm or Cancel stalls).
+    #[arg(long, default_value_t = crate::core::DEFAULT_MAX_IN_PROGRESS_MS)]
+    pub max_in_progress_ms: u64,
     /// Default global timeout of a prepared TCC or msg transaction, in ms.
     #[arg(long, default_value_t = 60_000)]
     pub prepared_timeout_ms: u64,
@@ -244,6 +249,7 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
     config.engine.defaults.retry_interval_ms = args.retry_interval_ms;
     config.engine.defaults.max_retry_interval_ms = args.max_retry_interval_ms;
     config.engine.defaults.max_attempts = args.max_attempts.max(1);
+    config.engine.defaults.max_in_progress_ms = args.max_in_progress_ms.max(1);
     config.engine.prepared_timeout_ms = args.prepared_timeout_ms;
     config.connect.max_connections = args.max_connections.max(1);
     config.connect.sqlite_full_sync = args.sqlite_full_sync;

@@ -186,7 +186,7 @@ pub fn apply_all(tx: &Transaction, events: &[Event], ctx: Ctx) -> Result<Transit
     for event in events {
         step(&mut next, event, ctx)?;
     }
-    settle(&mut next, ctx);
+    settle(&mut next, tx, ctx);
     let mut effects = plan(&next, ctx.now);
     next.next_attempt_at = next_attempt_at(&effects, tx.next_attempt_at, ctx.now);
     if next != *tx {
@@ -510,9 +510,10 @@ fn stall(tx: &mut Transaction, error: String) {
 
 /// Status changes that follow from the clock and the branches: timeouts, a failed saga
 /// step or back-check, a stalled call, a finished phase, and skipping the compensations
-/// of saga steps that were never sent. Everything here depends only on the state, not
-/// on the events that led to it.
-fn settle(tx: &mut Transaction, ctx: Ctx) {
+/// of saga steps that were never sent. Everything here depends only on the stored state
+/// the events were applied to (`before`) and the state they led to, not on the events'
+/// order or grouping.
+fn settle(tx: &mut Transaction, before: &Transaction, ctx: Ctx) {
     let now = ctx.now;
     if timed_out(tx, now) {
         match (tx.kind, tx.status) {
@@ -566,8 +567,9 @@ fn settle(tx: &mut Transaction, ctx: Ctx) {
         }
         _ => {}
     }
-    if (tx.kind, tx.status) == (Kind::Saga, Status::Aborting) {
-        let sent = steps_possibly_sent(tx);
+    // Decided once, in the transition that starts the abort: later rounds only deliver.
+    if (tx.kind, tx.status, before.status) == (Kind::Saga, Status::Aborting, Status::Running) {
+        let sent = steps_possibly_sent(before, tx);
         for branch in &mut tx.branches {
             if branch.action == Action::Compensate
                 && branch.status == BranchStatus::Pending
@@ -579,7 +581,9 @@ fn settle(tx: &mut Transaction, ctx: Ctx) {
         }
     }
     // The operations that make up the current phase, and the status once all are done.
-    let phase = match (tx.kind, tx.status) {
+    // A stalled transaction keeps its phase: a late answer of a sibling is recorded, and
+    // the stall's reason stays the first stalled operation's, in branch order.
+    let phase = match (tx.kind, phase_status(tx)) {
         (Kind::Saga, Status::Running) => Some((Action::Action, Status::Succeeded)),
         (Kind::Saga, Status::Aborting) => Some((Action::Compensate, Status::Failed)),
         (Kind::Tcc, Status::Committing) => Some((Action::Confirm, Status::Succeeded)),
@@ -598,7 +602,10 @@ fn settle(tx: &mut Transaction, ctx: Ctx) {
             });
         if let Some(error) = stalled {
             stall(tx, error);
-        } else if next != tx.status && tx.branches_with(action).all(|b| b.status.is_done()) {
+        } else if tx.status != Status::Stalled
+            && next != tx.status
+            && tx.branches_with(action).all(|b| b.status.is_done())
+        {
             // A failed saga action has already turned the saga to aborting, so "done"
             // here means succeeded, or skipped for a compensation that is not needed.
             tx.status = next;
@@ -610,24 +617,24 @@ fn settle(tx: &mut Transaction, ctx: Ctx) {
     }
 }
 
-/// Saga steps whose action may have reached the participant: it has an answer, or every
-/// step it waits for had succeeded (the engine stores a round's answers before it sends
-/// the calls they make due, so a step whose dependencies are not stored as succeeded was
-/// never sent). These, and only these, are compensated.
-fn steps_possibly_sent(tx: &Transaction) -> BTreeSet<i32> {
-    let succeeded: BTreeSet<i32> = tx
+/// Saga steps whose action may have reached the participant, when the saga turns from
+/// running to aborting: those with an answer, and those that were due in the stored state
+/// the transition started from (every step they wait for had succeeded there). The engine
+/// stores a state before it sends the calls it makes due, so a step that was not due in a
+/// stored running state was never sent. These, and only these, are compensated.
+fn steps_possibly_sent(before: &Transaction, after: &Transaction) -> BTreeSet<i32> {
+    let succeeded_before = succeeded_steps(before);
+    let answered: BTreeSet<i32> = after
         .branches_with(Action::Action)
-        .filter(|b| b.status == BranchStatus::Succeeded)
+        .filter(|b| b.status.is_done() || b.attempts > 0 || b.in_progress_since.is_some())
         .map(|b| b.seq)
         .collect();
-    let answered: BTreeSet<i32> = tx
-        .branches_with(Action::Action)
-        .filter(|b| b.status.is_done() || b.attempts > 0)
-        .map(|b| b.seq)
-        .collect();
-    tx.step_dependencies()
+    after
+        .step_dependencies()
         .into_iter()
-        .filter(|(seq, deps)| answered.contains(seq) || deps.iter().all(|d| succeeded.contains(d)))
+        .filter(|(seq, deps)| {
+            answered.contains(seq) || deps.iter().all(|d| succeeded_before.contains(d))
+        })
         .map(|(seq, _)| seq)
         .collect()
 }

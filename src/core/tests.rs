@@ -854,3 +854,6 @@ fn names_round_trip() {
     }
     assert!("nope".parse::<Kind>().is_err());
 }
+
+mod model;
+mod rounds;
