@@ -1,0 +1,222 @@
+//! The barrier table's rows: inserting one if absent, recording how a step ended, reading
+//! one back, and what an existing row means to the op that collided with it.
+
+use crate::backend::{Arg, BarrierDatabase};
+use crate::dialect::Dialect;
+use crate::error::{DbErrorKind, ParticipantError, classify};
+
+use super::{Barrier, Op};
+
+/// The values of the `outcome` column.
+pub(super) mod outcome_col {
+    /// Only ever visible inside the transaction that inserted the row: it is overwritten
+    /// with `executed` before commit, or rolled back with the failing step.
+    pub const RUNNING: &str = "running";
+    pub const EXECUTED: &str = "executed";
+    pub const EMPTY_ROLLBACK: &str = "empty_rollback";
+    /// A forward op's row inserted by its compensation, to reject the late forward call.
+    pub const GUARD: &str = "guard";
+}
+
+/// What an existing row of this op means.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Existing {
+    Rejected,
+    EmptyRollback,
+    /// The stored first result, JSON.
+    Duplicate(String),
+    Corrupt(String),
+}
+
+/// Reads the row that blocked this op's insert. Pure, so every case is unit-tested.
+pub(crate) fn interpret_existing(
+    op: Op,
+    reason: &str,
+    outcome: &str,
+    result: Option<&str>,
+) -> Existing {
+    if reason != op.as_str() {
+        // Someone else's call wrote this op's row: the compensation's guard.
+        return match op {
+            Op::Try | Op::Action | Op::Msg => Existing::Rejected,
+            _ => Existing::Corrupt(format!(
+                "the {op} row was inserted by a `{reason}` call, which only happens for forward ops"
+            )),
+        };
+    }
+    match (outcome, result) {
+        (outcome_col::EXECUTED, Some(json)) => Existing::Duplicate(json.to_owned()),
+        (outcome_col::EXECUTED, None) => Existing::Corrupt("executed step without a stored result".into()),
+        (outcome_col::EMPTY_ROLLBACK, _) => Existing::EmptyRollback,
+        (outcome_col::RUNNING, _) => Existing::Corrupt(
+            "a committed barrier row is still `running`: a transaction whose step failed was committed \
+             (with `run_in`, roll back when it returns an error)"
+                .into(),
+        ),
+        (other, _) => Existing::Corrupt(format!("unknown barrier outcome `{other}`")),
+    }
+}
+
+/// Inserts the barrier row of `op` unless it exists; true when this call inserted it.
+pub(super) async fn insert_if_absent<DB: BarrierDatabase>(
+    conn: &mut DB::Connection,
+    dialect: Dialect,
+    barrier: &Barrier,
+    op: Op,
+    reason: &str,
+    outcome: &str,
+) -> Result<bool, ParticipantError> {
+    let columns = "(trans_type, gid, branch_id, op, barrier_id, reason, outcome) VALUES (?, ?, ?, ?, ?, ?, ?)";
+    let sql = match dialect {
+        Dialect::Postgres | Dialect::Sqlite => format!(
+            "INSERT INTO {} {columns} ON CONFLICT (gid, branch_id, op, barrier_id) DO NOTHING",
+            barrier.table
+        ),
+        Dialect::Mysql => format!("INSERT INTO {} {columns}", barrier.table),
+    };
+    let args = vec![
+        Arg::Text(barrier.trans_type.as_str().into()),
+        Arg::Text(barrier.gid.clone()),
+        Arg::Text(barrier.branch_id.clone()),
+        Arg::Text(op.as_str().into()),
+        Arg::Text(barrier.barrier_id()),
+        Arg::Text(reason.into()),
+        Arg::Text(outcome.into()),
+    ];
+    match DB::exec(conn, dialect.rewrite(&sql), args).await {
+        Ok(n) => Ok(n == 1),
+        Err(e)
+            if dialect == Dialect::Mysql
+                && classify(dialect, &e) == DbErrorKind::UniqueViolation =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Records how this call's own row ended (it was inserted as `running`).
+pub(super) async fn set_outcome<DB: BarrierDatabase>(
+    conn: &mut DB::Connection,
+    dialect: Dialect,
+    barrier: &Barrier,
+    outcome: &str,
+    result: Option<String>,
+) -> Result<(), ParticipantError> {
+    let sql = format!(
+        "UPDATE {} SET outcome = ?, result = ? WHERE gid = ? AND branch_id = ? AND op = ? AND barrier_id = ?",
+        barrier.table
+    );
+    let updated = DB::exec(
+        conn,
+        dialect.rewrite(&sql),
+        vec![
+            Arg::Text(outcome.into()),
+            Arg::OptText(result),
+            Arg::Text(barrier.gid.clone()),
+            Arg::Text(barrier.branch_id.clone()),
+            Arg::Text(barrier.op.as_str().into()),
+            Arg::Text(barrier.barrier_id()),
+        ],
+    )
+    .await?;
+    if updated != 1 {
+        return Err(ParticipantError::internal(format!(
+            "recording the outcome updated {updated} barrier rows, expected 1"
+        )));
+    }
+    Ok(())
+}
+
+/// Reads (reason, outcome, result) of the barrier row of `op`.
+pub(super) async fn fetch_row<DB: BarrierDatabase>(
+    conn: &mut DB::Connection,
+    dialect: Dialect,
+    barrier: &Barrier,
+    op: Op,
+) -> Result<Option<(String, String, Option<String>)>, ParticipantError> {
+    // On InnoDB a plain SELECT reads the transaction's snapshot, which can predate the
+    // commit of the row that just blocked the insert (when the caller read something
+    // earlier in the transaction). A locking read sees the latest committed row; the row
+    // exists (the insert just collided with it) and the duplicate-key check already holds a
+    // shared lock on it, so this locks nothing new.
+    let lock = match dialect {
+        Dialect::Mysql => " LOCK IN SHARE MODE",
+        _ => "",
+    };
+    let sql = format!(
+        "SELECT reason, outcome, result FROM {} WHERE gid = ? AND branch_id = ? AND op = ? AND barrier_id = ?{lock}",
+        barrier.table
+    );
+    let rows = DB::fetch_texts(
+        conn,
+        dialect.rewrite(&sql),
+        vec![
+            Arg::Text(barrier.gid.clone()),
+            Arg::Text(barrier.branch_id.clone()),
+            Arg::Text(op.as_str().into()),
+            Arg::Text(barrier.barrier_id()),
+        ],
+        3,
+    )
+    .await?;
+    Ok(rows.into_iter().next().map(|mut cols| {
+        let result = cols.pop().flatten();
+        let outcome = cols.pop().flatten().unwrap_or_default();
+        let reason = cols.pop().flatten().unwrap_or_default();
+        (reason, outcome, result)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn existing_rows_are_interpreted() {
+        use Existing::*;
+        // A late Try finds the guard its Cancel left.
+        assert_eq!(
+            interpret_existing(Op::Try, "cancel", "guard", None),
+            Rejected
+        );
+        assert_eq!(
+            interpret_existing(Op::Action, "compensate", "guard", None),
+            Rejected
+        );
+        assert_eq!(
+            interpret_existing(Op::Msg, "rollback", "guard", None),
+            Rejected
+        );
+        // Duplicates get the first result back.
+        assert_eq!(
+            interpret_existing(Op::Try, "try", "executed", Some("{\"n\":1}")),
+            Duplicate("{\"n\":1}".into())
+        );
+        assert_eq!(
+            interpret_existing(Op::Cancel, "cancel", "executed", Some("null")),
+            Duplicate("null".into())
+        );
+        assert_eq!(
+            interpret_existing(Op::Cancel, "cancel", "empty_rollback", None),
+            EmptyRollback
+        );
+        // States that a correct run never commits.
+        assert!(matches!(
+            interpret_existing(Op::Try, "try", "running", None),
+            Corrupt(_)
+        ));
+        assert!(matches!(
+            interpret_existing(Op::Try, "try", "executed", None),
+            Corrupt(_)
+        ));
+        assert!(matches!(
+            interpret_existing(Op::Cancel, "try", "guard", None),
+            Corrupt(_)
+        ));
+        assert!(matches!(
+            interpret_existing(Op::Try, "try", "weird", Some("1")),
+            Corrupt(_)
+        ));
+    }
+}
