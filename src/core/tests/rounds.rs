@@ -81,10 +81,10 @@ fn groupings() -> Vec<(&'static str, Grouping)> {
 fn two_confirms_that_keep_failing_stall_together_in_any_order() {
     for (name, split) in groupings() {
         let tx = run(&tcc(&["a", "b"]), &[Event::Submit], T0).tx;
-        let (end, calls) = drive(tx, T0, |_| CallOutcome::Unknown("HTTP 500".into()), split);
+        let (end, sent) = drive(tx, T0, |_| CallOutcome::Unknown("HTTP 500".into()), split);
         assert_eq!(end.status, Status::Stalled, "{name}");
         assert_eq!(end.stalled_from, Some(Status::Committing), "{name}");
-        assert_eq!(calls, 6, "{name}: 3 attempts for each of 2 Confirms");
+        assert_eq!(sent, 6, "{name}: 3 attempts for each of 2 Confirms");
         for b in end.branches_with(Action::Confirm) {
             assert_eq!((b.status, b.attempts), (BranchStatus::Stalled, 3), "{name}");
         }
@@ -112,13 +112,13 @@ fn three_cancels_that_keep_failing_stall_the_abort() {
             T0,
         )
         .tx;
-        let (end, calls) = drive(tx, T0, |_| CallOutcome::Unknown("reset".into()), split);
+        let (end, sent) = drive(tx, T0, |_| CallOutcome::Unknown("reset".into()), split);
         assert_eq!(
             (end.status, end.stalled_from),
             (Status::Stalled, Some(Status::Aborting)),
             "{name}"
         );
-        assert_eq!(calls, 9, "{name}");
+        assert_eq!(sent, 9, "{name}");
     }
 }
 
@@ -130,9 +130,9 @@ fn one_branch_stalling_does_not_drop_a_siblings_success() {
         _ => CallOutcome::Success,
     };
     for (name, split) in groupings() {
-        let (end, calls) = drive(tx.clone(), T0, answer, split);
+        let (end, sent) = drive(tx.clone(), T0, answer, split);
         assert_eq!(end.status, Status::Stalled, "{name}");
-        assert_eq!(calls, 4, "{name}: b once, a three times");
+        assert_eq!(sent, 4, "{name}: b once, a three times");
         let b = end.branch(&key("b", Action::Confirm)).unwrap();
         assert_eq!(b.status, BranchStatus::Succeeded, "{name}");
         // The operator's retry calls only the stalled Confirm again, with fresh attempts.
@@ -158,14 +158,14 @@ fn concurrent_saga_whose_two_compensations_keep_failing_stalls() {
             ("03", Action::Compensate) => CallOutcome::Success,
             _ => CallOutcome::Unknown("HTTP 503".into()),
         };
-        let (end, calls) = drive(tx.clone(), T0, answer, split);
+        let (end, sent) = drive(tx.clone(), T0, answer, split);
         assert_eq!(
             (end.status, end.stalled_from),
             (Status::Stalled, Some(Status::Aborting)),
             "{name}"
         );
         // 3 actions, step 3's compensation once, then 3 attempts of each of the others.
-        assert_eq!(calls, 3 + 1 + 6, "{name}");
+        assert_eq!(sent, 3 + 1 + 6, "{name}");
     }
 }
 
@@ -291,7 +291,7 @@ fn a_msg_without_back_check_fails_at_its_timeout_and_stops_waking() {
 
 #[test]
 fn a_msg_back_check_that_keeps_failing_stalls_and_resumes() {
-    let (end, calls) = drive(
+    let (end, sent) = drive(
         msg(1_000),
         T0,
         |_| CallOutcome::Unknown("HTTP 502".into()),
@@ -301,7 +301,7 @@ fn a_msg_back_check_that_keeps_failing_stalls_and_resumes() {
         (end.status, end.stalled_from),
         (Status::Stalled, Some(Status::Prepared))
     );
-    assert_eq!(calls, 3);
+    assert_eq!(sent, 3);
     let t = run(&end, &[Event::Retry], T0 + 100_000);
     assert_eq!(calls(&t), ["00/query_prepared"]);
 }
