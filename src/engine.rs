@@ -634,6 +634,12 @@ impl Engine {
                         self.observer.fenced(&gid);
                         return;
                     }
+                    Err(e) if e.is_permanent() => {
+                        // Resuming would send this round's calls again, forever.
+                        let reason = format!("cannot store progress: {e}");
+                        self.stall(&current, &mut stored, &lease, reason).await;
+                        return;
+                    }
                     Err(e) => {
                         tracing::warn!(gid, error = %e, "cannot store progress; leaving it to recovery");
                         return;
@@ -690,7 +696,9 @@ impl Engine {
                 t = match core::apply_all(&current, &events, self.ctx()) {
                     Ok(t) => t,
                     Err(e) => {
-                        tracing::error!(gid, error = %e, "answers do not fit the state; leaving it to recovery");
+                        // A bug, not a condition: recovery would meet it again and again.
+                        let reason = format!("the answers of a round do not fit the state: {e}");
+                        self.stall(&current, &mut stored, &lease, reason).await;
                         return;
                     }
                 };
@@ -722,6 +730,49 @@ impl Engine {
                     };
                 }
                 _ => return,
+            }
+        }
+    }
+
+    /// Stalls a transaction this driver owns, with the reason, after a failure that
+    /// recovery would only repeat. The write holds the global row alone, so it succeeds
+    /// where the round's write did not, unless the database is gone altogether.
+    async fn stall(
+        &self,
+        current: &Transaction,
+        stored: &mut StoredTx,
+        lease: &Lease,
+        reason: String,
+    ) {
+        let gid = current.gid.as_str();
+        tracing::error!(
+            gid,
+            reason,
+            "stalling: nothing more is called until an operator retries"
+        );
+        let event = Event::Stall { reason };
+        let Ok(t) = core::apply(current, &event, self.ctx()) else {
+            return;
+        };
+        let save = Save {
+            before: current,
+            after: &t.tx,
+            guard: Guard::Owner(&lease.token),
+            lease: None,
+            attempts: &[],
+        };
+        match self.save_with_retries(save).await {
+            Ok(true) => {
+                stored.tx = t.tx.clone();
+                stored.version += 1;
+                stored.owner_token = None;
+                stored.lease_until = None;
+                self.recent.put(stored.clone());
+                self.observe_status(current, &t.tx);
+            }
+            Ok(false) => self.observer.fenced(gid),
+            Err(e) => {
+                tracing::error!(gid, error = %e, "cannot store the stall either; leaving it to recovery")
             }
         }
     }

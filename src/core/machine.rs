@@ -20,6 +20,7 @@
 //! | tcc, msg | committing | last confirm/action succeeded  | succeeded                    |
 //! | any      | aborting   | last cancel/compensation done | failed                       |
 //! | any      | committing, aborting | must-succeed call exhausted | stalled              |
+//! | any      | not final  | stall (progress cannot be stored) | stalled                  |
 //! | any      | stalled    | retry                         | the status it stalled in     |
 //! | any      | not final  | force-stop                    | failed                       |
 //!
@@ -85,6 +86,9 @@ pub enum Event {
     Retry,
     /// An operator gives up on the transaction: it becomes failed and nothing more is called.
     ForceStop { reason: String },
+    /// The coordinator cannot go on by itself (its progress cannot be stored, for a reason
+    /// a retry will not cure): it stalls, visibly, until an operator retries.
+    Stall { reason: String },
 }
 
 impl Event {
@@ -96,6 +100,7 @@ impl Event {
             Event::Outcome { .. } => "record an answer for",
             Event::Retry => "retry",
             Event::ForceStop { .. } => "force-stop",
+            Event::Stall { .. } => "stall",
         }
     }
 }
@@ -319,6 +324,14 @@ fn step(tx: &mut Transaction, event: &Event, ctx: Ctx) -> Result<(), CoreError> 
                 Ok(())
             }
             _ => Err(illegal(tx, event.name())),
+        },
+        Event::Stall { reason } => match tx.status {
+            Stalled => Ok(()),
+            status if status.is_terminal() => Err(illegal(tx, event.name())),
+            _ => {
+                stall(tx, reason.clone());
+                Ok(())
+            }
         },
         Event::ForceStop { reason } => match tx.status {
             Failed => Ok(()),

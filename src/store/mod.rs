@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::core::{Action, Branch, BranchKey, Kind, Millis, Status, Transaction};
 
+mod errors;
 mod mysql;
 mod postgres;
 pub mod sql;

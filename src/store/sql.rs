@@ -1006,9 +1006,13 @@ where
                             job.answer(result.map(|mut r| r.remove(0)));
                         }
                     }
-                    Err(e) => batch
-                        .into_iter()
-                        .for_each(|job| job.answer(Err(StoreError::Batch(e.to_string())))),
+                    // A batch of one: its own error, so the caller can tell a refused
+                    // write from a lost connection.
+                    Err(e) => {
+                        if let Some(job) = batch.into_iter().next() {
+                            job.answer(Err(e));
+                        }
+                    }
                 }
             }
         });

@@ -144,6 +144,19 @@ impl Recorder {
         });
     }
 
+    /// Drops every rule: the participant answers 200 from now on (an outage heals).
+    pub fn heal(&self) {
+        self.inner.rules.lock().unwrap().clear();
+    }
+
+    /// Calls for `gid` whose path ends with `suffix`.
+    pub fn count(&self, gid: &str, suffix: &str) -> usize {
+        self.paths(gid)
+            .iter()
+            .filter(|p| p.ends_with(suffix))
+            .count()
+    }
+
     fn push(&self, rule: Rule) {
         self.inner.rules.lock().unwrap().push(rule);
     }

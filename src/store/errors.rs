@@ -1,0 +1,139 @@
+//! Which store errors a retry can cure.
+//!
+//! The engine retries a failed write, and the recovery loop resumes a transaction whose
+//! driver gave up; both only help when the cause goes away (a lost connection, a deadlock,
+//! a database restarting). A write the database refuses for its content (a value too long,
+//! out of range, a constraint) fails the same way every time, and resuming it would
+//! re-send the round's calls forever. Those are *permanent*: the engine stalls the
+//! transaction with the reason instead (see `Engine::drive`).
+//!
+//! Unknown database error codes count as permanent: a stall is visible and an operator
+//! retry is one command, while an unbounded retry loop is neither.
+
+use sqlx::error::DatabaseError;
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::postgres::PgDatabaseError;
+use sqlx::sqlite::SqliteError;
+
+use super::StoreError;
+
+impl StoreError {
+    /// True when retrying the same write cannot succeed.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            StoreError::Database(e) => is_permanent(e),
+            StoreError::Corrupt(_) | StoreError::Migrate(_) | StoreError::UnsupportedUrl(_) => true,
+            // The group-commit writer stopped: a shutdown, not the data.
+            StoreError::Batch(_) => false,
+        }
+    }
+}
+
+fn is_permanent(e: &sqlx::Error) -> bool {
+    use sqlx::Error::*;
+    match e {
+        Database(db) => permanent_database_error(db.as_ref()),
+        Encode(_)
+        | Decode(_)
+        | ColumnDecode { .. }
+        | TypeNotFound { .. }
+        | ColumnNotFound(_)
+        | ColumnIndexOutOfBounds { .. }
+        | InvalidArgument(_)
+        | Configuration(_) => true,
+        // The connection, the pool, TLS, the wire protocol: none says the data is wrong.
+        _ => false,
+    }
+}
+
+fn permanent_database_error(db: &dyn DatabaseError) -> bool {
+    if let Some(pg) = db.try_downcast_ref::<PgDatabaseError>() {
+        return !transient_postgres(pg.code());
+    }
+    if let Some(my) = db.try_downcast_ref::<MySqlDatabaseError>() {
+        return !transient_mysql(my.number());
+    }
+    if db.try_downcast_ref::<SqliteError>().is_some() {
+        let code = db.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(-1);
+        return !transient_sqlite(code);
+    }
+    true
+}
+
+/// SQLSTATE classes and codes that describe the server or the session, not the data.
+fn transient_postgres(code: &str) -> bool {
+    let class = code.get(..2).unwrap_or("");
+    // 08 connection exception, 40 transaction rollback (serialization failure, deadlock),
+    // 53 insufficient resources, 57 operator intervention (shutdown, cancel), 58 system
+    // error (I/O); 55P03 lock not available, 25P02 a transaction aborted by an earlier
+    // error, 25006 read-only transaction (a standby during failover).
+    matches!(class, "08" | "40" | "53" | "57" | "58") || matches!(code, "55P03" | "25P02" | "25006")
+}
+
+/// MySQL/MariaDB error numbers that describe the server or the session, not the data.
+fn transient_mysql(number: u16) -> bool {
+    matches!(
+        number,
+        // lock wait timeout, deadlock, record changed since last read
+        1205 | 1213 | 1020
+        // too many connections, server shutdown, connection killed, query interrupted
+        | 1040 | 1053 | 1927 | 1317 | 3024 | 1969
+        // read-only server or transaction (failover in progress)
+        | 1290 | 1792 | 1836
+        // client-side connection errors
+        | 2002 | 2003 | 2006 | 2013
+    )
+}
+
+/// SQLite result codes (primary code in the low byte) that a retry can cure.
+fn transient_sqlite(code: i64) -> bool {
+    // BUSY, LOCKED, NOMEM, READONLY, IOERR, FULL, CANTOPEN, PROTOCOL.
+    code >= 0 && matches!(code & 0xff, 5 | 6 | 7 | 8 | 10 | 13 | 14 | 15)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_data_errors_are_permanent() {
+        assert!(!transient_postgres("22001")); // string_data_right_truncation
+        assert!(!transient_postgres("23502")); // not_null_violation
+        assert!(!transient_postgres("P0001")); // raise_exception (a trigger)
+        assert!(transient_postgres("40001"));
+        assert!(transient_postgres("40P01"));
+        assert!(transient_postgres("57P01")); // admin_shutdown
+        assert!(transient_postgres("08006"));
+        assert!(transient_postgres("53300")); // too_many_connections
+    }
+
+    #[test]
+    fn mysql_data_errors_are_permanent() {
+        assert!(!transient_mysql(1406)); // data too long
+        assert!(!transient_mysql(1366)); // incorrect string value
+        assert!(!transient_mysql(1264)); // out of range
+        assert!(!transient_mysql(1644)); // SIGNAL from a trigger
+        assert!(transient_mysql(1213));
+        assert!(transient_mysql(2013));
+    }
+
+    #[test]
+    fn sqlite_data_errors_are_permanent() {
+        assert!(!transient_sqlite(18)); // TOOBIG
+        assert!(!transient_sqlite(1811)); // CONSTRAINT_TRIGGER (RAISE(ABORT))
+        assert!(!transient_sqlite(1)); // ERROR
+        assert!(transient_sqlite(5));
+        assert!(transient_sqlite(517)); // BUSY_SNAPSHOT
+        assert!(transient_sqlite(3338)); // IOERR_FSYNC
+        assert!(!transient_sqlite(-1));
+    }
+
+    #[test]
+    fn connection_trouble_is_transient() {
+        assert!(!StoreError::Database(sqlx::Error::PoolTimedOut).is_permanent());
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(!StoreError::Database(sqlx::Error::Io(io)).is_permanent());
+        assert!(StoreError::Corrupt("bad".into()).is_permanent());
+        assert!(!StoreError::Batch("writer stopped".into()).is_permanent());
+    }
+}
