@@ -96,10 +96,6 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<Pos
         .await?;
     let mut store = SqlStore::new(pool);
     store.lean = Some(LeanPool::new(connect.clone(), options.max_connections));
-    store.lean_relaxed = Some(LeanPool::new(
-        connect.options([("synchronous_commit", "off")]),
-        (options.max_connections / 4).max(2),
-    ));
     Ok(store)
 }
 
@@ -148,7 +144,7 @@ async fn save_with_ctes(
     for a in save.attempts {
         query = bind_attempt!(query, a);
     }
-    let matched = count_on(store, store.lean_for(save), query).await?;
+    let matched = count_on(store, store.lean.as_ref(), query).await?;
     Ok(if matched == 0 {
         Saved::Lost
     } else {

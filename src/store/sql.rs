@@ -453,11 +453,6 @@ pub struct SqlStore<DB: Dialect> {
     /// Connections for the hot single-statement writes (PostgreSQL's create and save),
     /// handed back without the round trip `sqlx::Pool` spends on every release.
     pub lean: Option<LeanPool<DB>>,
-    /// Where the final write of a finished transaction goes, if the database can commit
-    /// it without waiting for the disk (PostgreSQL `synchronous_commit = off`). Losing it
-    /// in a database crash only makes recovery deliver the last calls again, which the
-    /// participants' barriers absorb; every decision is still committed durably.
-    pub lean_relaxed: Option<LeanPool<DB>>,
     pub sql: Statements,
     /// Set by [`SqlStore::start_group_commit`]: writes go through one writer task.
     batch: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Job>>,
@@ -468,17 +463,8 @@ impl<DB: Dialect> SqlStore<DB> {
         SqlStore {
             pool,
             lean: None,
-            lean_relaxed: None,
             sql: Statements::new(DB::NUMBERED_PARAMETERS, DB::ON_DUPLICATE_DO_NOTHING),
             batch: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// The lean pool for this save: the relaxed one for the final write of a driver.
-    pub fn lean_for(&self, save: &Save<'_>) -> Option<&LeanPool<DB>> {
-        match (&self.lean_relaxed, save.guard) {
-            (Some(relaxed), Guard::Owner(_)) if save.after.status.is_terminal() => Some(relaxed),
-            _ => self.lean.as_ref(),
         }
     }
 }

@@ -10,13 +10,13 @@
 WITH g AS (INSERT INTO idem_global (gid, kind, status, stalled_from, request_hash, options, timeout_at, attempts, next_attempt_at, last_error, reason, owner_token, lease_until, version, created_at, updated_at, finished_at)
   VALUES ('lim-' || :client_id || '-' || :r, 'tcc', 'prepared', NULL, '0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef', '{"request_timeout_ms": 5000,"retry_interval_ms": 1000,"max_retry_interval_ms": 60000,"max_attempts": 12,"timeout_ms": 60000,"protocol": "native","branch_headers": {},"concurrent": false,"orders": {}}', (:now)::bigint + 60000, 0, (:now)::bigint + 60000, NULL, NULL, NULL, NULL, 0, (:now)::bigint, (:now)::bigint, NULL)
   ON CONFLICT DO NOTHING RETURNING gid),
-b AS (INSERT INTO idem_branch (gid, branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, updated_at, finished_at)
+b AS (INSERT INTO idem_branch (gid, branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, in_progress_since, updated_at, finished_at)
   SELECT g.gid, v.* FROM g, (VALUES
-    ('01'::varchar, 'cancel'::varchar, 0::int, 'http://127.0.0.1:40001/inventory/reserve'::text, '{"sku": "sku-1","quantity": 1}'::text, 'pending'::varchar, 0::int, NULL::bigint, NULL::text, (:now)::bigint, NULL::bigint),
-    ('01', 'confirm', 0, 'http://127.0.0.1:40001/inventory/reserve', '{"sku": "sku-1","quantity": 1}', 'pending', 0, NULL, NULL, (:now)::bigint, NULL),
-    ('02', 'cancel', 0, 'http://127.0.0.1:40002/payment/freeze', '{"account": "acct-1","amount": 1}', 'pending', 0, NULL, NULL, (:now)::bigint, NULL),
-    ('02', 'confirm', 0, 'http://127.0.0.1:40002/payment/freeze', '{"account": "acct-1","amount": 1}', 'pending', 0, NULL, NULL, (:now)::bigint, NULL))
-    AS v(branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, updated_at, finished_at))
+    ('01'::varchar, 'cancel'::varchar, 0::int, 'http://127.0.0.1:40001/inventory/reserve'::text, '{"sku": "sku-1","quantity": 1}'::text, 'pending'::varchar, 0::int, NULL::bigint, NULL::text, NULL::bigint, (:now)::bigint, NULL::bigint),
+    ('01', 'confirm', 0, 'http://127.0.0.1:40001/inventory/reserve', '{"sku": "sku-1","quantity": 1}', 'pending', 0, NULL, NULL, NULL, (:now)::bigint, NULL),
+    ('02', 'cancel', 0, 'http://127.0.0.1:40002/payment/freeze', '{"account": "acct-1","amount": 1}', 'pending', 0, NULL, NULL, NULL, (:now)::bigint, NULL),
+    ('02', 'confirm', 0, 'http://127.0.0.1:40002/payment/freeze', '{"account": "acct-1","amount": 1}', 'pending', 0, NULL, NULL, NULL, (:now)::bigint, NULL))
+    AS v(branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, in_progress_since, updated_at, finished_at))
 SELECT count(*) FROM g;
 -- inventory: Try
 BEGIN;
@@ -52,13 +52,9 @@ SELECT gid, branch_id, account, amount, status FROM payment_ledger WHERE gid = '
 UPDATE payment_accounts SET balance = balance - 1, frozen = frozen - 1 WHERE account = 'acct-' || :acct;
 UPDATE idem_barrier SET outcome = 'executed', result = '{"gid": "lim","branch_id": "02","account": "acct-1","amount": 1,"status": "debited"}' WHERE gid = 'lim-' || :client_id || '-' || :r AND branch_id = '02' AND op = 'confirm' AND barrier_id = '01';
 COMMIT;
--- coordinator: both Confirms answered, the transaction succeeded (commit without waiting
--- for the disk; see empty.sql on why pgbench needs SET LOCAL for it)
-BEGIN;
-SET LOCAL synchronous_commit = off;
+-- coordinator: both Confirms answered, the transaction succeeded (stored durably)
 WITH g AS (UPDATE idem_global SET status = 'succeeded', stalled_from = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL, reason = NULL, timeout_at = (:now)::bigint + 60000, updated_at = (:now)::bigint + 2, finished_at = (:now)::bigint + 2, owner_token = NULL, lease_until = NULL, version = version + 1
   WHERE gid = 'lim-' || :client_id || '-' || :r AND status = 'committing' AND owner_token = 'bench:0123456789abcdef0123456789abcdef' RETURNING gid),
-b0 AS (UPDATE idem_branch SET status = 'succeeded', attempts = 1, next_attempt_at = NULL, last_error = NULL, updated_at = (:now)::bigint + 2, finished_at = (:now)::bigint + 2
+b0 AS (UPDATE idem_branch SET status = 'succeeded', attempts = 1, next_attempt_at = NULL, last_error = NULL, in_progress_since = NULL, updated_at = (:now)::bigint + 2, finished_at = (:now)::bigint + 2
   FROM g WHERE idem_branch.gid = g.gid AND idem_branch.action = 'confirm' AND idem_branch.branch_id IN ('01', '02'))
 SELECT count(*) FROM g;
-COMMIT;

@@ -7,11 +7,11 @@
 -- coordinator: create the TCC with both branches registered
 BEGIN IMMEDIATE;
 INSERT INTO idem_global (gid, kind, status, stalled_from, request_hash, options, timeout_at, attempts, next_attempt_at, last_error, reason, owner_token, lease_until, version, created_at, updated_at, finished_at) VALUES ('lim-' || :client_id || '-' || :r, 'tcc', 'prepared', NULL, '0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef', '{"request_timeout_ms": 5000, "retry_interval_ms": 1000, "max_retry_interval_ms": 60000, "max_attempts": 12, "timeout_ms": 60000, "protocol": "native", "branch_headers": {}, "concurrent": false, "orders": {}}', :now + 60000, 0, :now + 60000, NULL, NULL, NULL, NULL, 0, :now, :now, NULL);
-INSERT INTO idem_branch (gid, branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, updated_at, finished_at) VALUES
-  ('lim-' || :client_id || '-' || :r, '01', 'cancel', 0, 'http://127.0.0.1:40001/inventory/reserve', '{"sku": "sku-1", "quantity": 1}', 'pending', 0, NULL, NULL, :now, NULL),
-  ('lim-' || :client_id || '-' || :r, '01', 'confirm', 0, 'http://127.0.0.1:40001/inventory/reserve', '{"sku": "sku-1", "quantity": 1}', 'pending', 0, NULL, NULL, :now, NULL),
-  ('lim-' || :client_id || '-' || :r, '02', 'cancel', 0, 'http://127.0.0.1:40002/payment/freeze', '{"account": "acct-1", "amount": 1}', 'pending', 0, NULL, NULL, :now, NULL),
-  ('lim-' || :client_id || '-' || :r, '02', 'confirm', 0, 'http://127.0.0.1:40002/payment/freeze', '{"account": "acct-1", "amount": 1}', 'pending', 0, NULL, NULL, :now, NULL);
+INSERT INTO idem_branch (gid, branch_id, action, seq, url, payload, status, attempts, next_attempt_at, last_error, in_progress_since, updated_at, finished_at) VALUES
+  ('lim-' || :client_id || '-' || :r, '01', 'cancel', 0, 'http://127.0.0.1:40001/inventory/reserve', '{"sku": "sku-1", "quantity": 1}', 'pending', 0, NULL, NULL, NULL, :now, NULL),
+  ('lim-' || :client_id || '-' || :r, '01', 'confirm', 0, 'http://127.0.0.1:40001/inventory/reserve', '{"sku": "sku-1", "quantity": 1}', 'pending', 0, NULL, NULL, NULL, :now, NULL),
+  ('lim-' || :client_id || '-' || :r, '02', 'cancel', 0, 'http://127.0.0.1:40002/payment/freeze', '{"account": "acct-1", "amount": 1}', 'pending', 0, NULL, NULL, NULL, :now, NULL),
+  ('lim-' || :client_id || '-' || :r, '02', 'confirm', 0, 'http://127.0.0.1:40002/payment/freeze', '{"account": "acct-1", "amount": 1}', 'pending', 0, NULL, NULL, NULL, :now, NULL);
 COMMIT;
 -- inventory: Try
 BEGIN IMMEDIATE;
@@ -48,5 +48,5 @@ COMMIT;
 -- coordinator: both Confirms answered, the transaction succeeded
 BEGIN IMMEDIATE;
 UPDATE idem_global SET status = 'succeeded', stalled_from = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL, reason = NULL, timeout_at = NULL, updated_at = :now + 2, finished_at = :now + 2, owner_token = NULL, lease_until = NULL, version = version + 1 WHERE gid = 'lim-' || :client_id || '-' || :r AND status = 'committing' AND owner_token = 'bench:0123456789abcdef0123456789abcdef';
-UPDATE idem_branch SET status = 'succeeded', attempts = 1, next_attempt_at = NULL, last_error = NULL, updated_at = :now + 2, finished_at = :now + 2 WHERE gid = 'lim-' || :client_id || '-' || :r AND action = 'confirm' AND branch_id IN ('01', '02');
+UPDATE idem_branch SET status = 'succeeded', attempts = 1, next_attempt_at = NULL, last_error = NULL, in_progress_since = NULL, updated_at = :now + 2, finished_at = :now + 2 WHERE gid = 'lim-' || :client_id || '-' || :r AND action = 'confirm' AND branch_id IN ('01', '02');
 COMMIT;
