@@ -18,11 +18,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::{Number, Value, json};
 
 use super::AppState;
 use super::error::ApiError;
-use super::native::{check_id, check_url, parse_orders};
+use super::validate::{
+    Given, MAX_CUSTOM_DATA_LEN, Overrides, Unit, check_id, check_payload, check_reason, check_text,
+    check_url, decode_cursor, parse_body, parse_orders,
+};
 use crate::core::{
     Action, Branch, BranchStatus, Kind, Millis, Protocol, SagaStep, Status, TxOptions,
 };
@@ -122,13 +125,13 @@ struct TransRequest {
     payloads: Option<Vec<Option<String>>>,
     custom_data: Option<String>,
     wait_result: Option<bool>,
+    /// Seconds. Numbers are kept as sent so that the shared checks judge them.
+    timeout_to_fail: Option<Number>,
     /// Seconds.
-    timeout_to_fail: Option<i64>,
+    request_timeout: Option<Number>,
     /// Seconds.
-    request_timeout: Option<i64>,
-    /// Seconds.
-    retry_interval: Option<i64>,
-    retry_limit: Option<i64>,
+    retry_interval: Option<Number>,
+    retry_limit: Option<Number>,
     branch_headers: Option<BTreeMap<String, String>>,
     query_prepared: Option<String>,
     rollback_reason: Option<String>,
@@ -143,10 +146,10 @@ struct Identity<'a> {
     trans_type: &'a str,
     steps: Vec<(String, String, String)>,
     custom_data: Option<&'a str>,
-    timeout_to_fail: Option<i64>,
-    request_timeout: Option<i64>,
-    retry_interval: Option<i64>,
-    retry_limit: Option<i64>,
+    timeout_to_fail: Option<Number>,
+    request_timeout: Option<Number>,
+    retry_interval: Option<Number>,
+    retry_limit: Option<Number>,
     branch_headers: BTreeMap<String, String>,
     query_prepared: Option<&'a str>,
 }
@@ -164,12 +167,14 @@ struct Trans {
     identity: Value,
 }
 
-fn positive(v: Option<i64>) -> Option<i64> {
-    v.filter(|&v| v > 0)
+/// DTM's convention: an integer of 0 or below means "not set". Anything else, fractions
+/// included, goes to the shared checks.
+fn positive(v: &Option<Number>) -> Option<Number> {
+    v.clone().filter(|n| n.as_i64().is_none_or(|v| v > 0))
 }
 
 fn parse(body: Result<Bytes, BytesRejection>, defaults: &TxOptions) -> Result<Trans, DtmError> {
-    let (req, _): (TransRequest, Value) = super::native::parse_body(body, None)?;
+    let (req, _): (TransRequest, Value) = parse_body(body, None)?;
     let gid = req
         .gid
         .clone()
@@ -217,6 +222,7 @@ fn parse(body: Result<Bytes, BytesRejection>, defaults: &TxOptions) -> Result<Tr
             .cloned()
             .flatten()
             .unwrap_or_else(|| field("data"));
+        check_payload(&format!("payloads[{i}]"), &payload)?;
         steps.push((action, compensate, payload));
     }
     if let Some(url) = &req.query_prepared
@@ -225,41 +231,24 @@ fn parse(body: Result<Bytes, BytesRejection>, defaults: &TxOptions) -> Result<Tr
         check_url("query_prepared", url)?;
     }
 
-    let mut options = defaults.clone();
-    options.protocol = Protocol::Dtm;
-    let seconds = |name: &str, v: i64| -> Result<u64, ApiError> {
-        (v as u64)
-            .checked_mul(1_000)
-            .filter(|&ms| ms <= 86_400_000)
-            .ok_or_else(|| {
-                ApiError::bad_request("invalid_options", format!("{name} is too large: {v}"))
-            })
+    let given = |field, unit, value: &Option<Number>| {
+        positive(value).map(|value| Given { field, unit, value })
     };
-    if let Some(v) = positive(req.timeout_to_fail) {
-        options.timeout_ms = Some(seconds("timeout_to_fail", v)?);
-    }
-    if let Some(v) = positive(req.request_timeout) {
-        options.request_timeout_ms = seconds("request_timeout", v)?;
-    }
-    if let Some(v) = positive(req.retry_interval) {
-        options.retry_interval_ms = seconds("retry_interval", v)?;
-    }
-    if let Some(v) = positive(req.retry_limit) {
-        options.max_attempts = u32::try_from(v).unwrap_or(u32::MAX).min(10_000);
-    }
-    if let Some(headers) = &req.branch_headers {
-        for name in headers.keys() {
-            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(ApiError::bad_request(
-                    "invalid_options",
-                    format!("branch_headers has an invalid header name {name:?}"),
-                )
-                .into());
-            }
-        }
-        options.branch_headers.extend(headers.clone());
-    }
+    let overrides = Overrides {
+        timeout: given("timeout_to_fail", Unit::Seconds, &req.timeout_to_fail),
+        request_timeout: given("request_timeout", Unit::Seconds, &req.request_timeout),
+        retry_interval: given("retry_interval", Unit::Seconds, &req.retry_interval),
+        max_attempts: given("retry_limit", Unit::Count, &req.retry_limit),
+        branch_headers: req.branch_headers.clone().unwrap_or_default(),
+        ..Overrides::default()
+    };
+    let dtm_defaults = TxOptions {
+        protocol: Protocol::Dtm,
+        ..defaults.clone()
+    };
+    let mut options = overrides.apply(dtm_defaults)?;
     if let Some(custom) = req.custom_data.as_deref().filter(|c| !c.is_empty()) {
+        check_text("custom_data", custom, MAX_CUSTOM_DATA_LEN)?;
         apply_custom_data(kind, custom, steps.len(), &mut options)?;
     }
 
@@ -268,10 +257,10 @@ fn parse(body: Result<Bytes, BytesRejection>, defaults: &TxOptions) -> Result<Tr
         trans_type: &trans_type,
         steps: steps.clone(),
         custom_data: req.custom_data.as_deref().filter(|c| !c.is_empty()),
-        timeout_to_fail: positive(req.timeout_to_fail),
-        request_timeout: positive(req.request_timeout),
-        retry_interval: positive(req.retry_interval),
-        retry_limit: positive(req.retry_limit),
+        timeout_to_fail: positive(&req.timeout_to_fail),
+        request_timeout: positive(&req.request_timeout),
+        retry_interval: positive(&req.retry_interval),
+        retry_limit: positive(&req.retry_limit),
         branch_headers: req.branch_headers.clone().unwrap_or_default(),
         query_prepared: req.query_prepared.as_deref().filter(|q| !q.is_empty()),
     })
@@ -422,6 +411,7 @@ async fn submit(
 
 async fn abort(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> DtmResult {
     let t = parse(body, &app.engine.config().defaults)?;
+    check_reason("rollback_reason", t.reason.as_deref())?;
     let reason = t
         .reason
         .clone()
@@ -461,12 +451,13 @@ async fn force_stop(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
-    let (req, _): (GidOnly, Value) = super::native::parse_body(body, None)?;
+    let (req, _): (GidOnly, Value) = parse_body(body, None)?;
     let gid = req
         .gid
         .filter(|g| !g.is_empty())
         .ok_or_else(|| ApiError::bad_request("missing_gid", "gid is required"))?;
     check_id("gid", "invalid_gid", &gid)?;
+    check_reason("rollback_reason", req.rollback_reason.as_deref())?;
     let reason = req
         .rollback_reason
         .unwrap_or_else(|| "force-stopped".into());
@@ -485,7 +476,7 @@ async fn register_branch(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
-    let (fields, _): (BTreeMap<String, Value>, Value) = super::native::parse_body(body, None)?;
+    let (fields, _): (BTreeMap<String, Value>, Value) = parse_body(body, None)?;
     // DTM binds this body into map[string]string: every value must be a string.
     let mut data = BTreeMap::new();
     for (key, value) in fields {
@@ -526,6 +517,7 @@ async fn register_branch(
     check_url("confirm", &confirm)?;
     check_url("cancel", &cancel)?;
     let payload = get("data");
+    check_payload("data", &payload)?;
     let now = app.engine.now();
     let branches = vec![
         Branch::new(&branch_id, Action::Confirm, 0, confirm, &payload, now),
@@ -556,6 +548,7 @@ async fn query(
         .gid
         .filter(|g| !g.is_empty())
         .ok_or_else(|| ApiError::bad_request("missing_gid", "no gid specified"))?;
+    check_id("gid", "invalid_gid", &gid)?;
     let Some(stored) = app
         .engine
         .store()
@@ -617,19 +610,11 @@ async fn all(
                 .map_err(|e| ApiError::bad_request("invalid_query", e.to_string()))
         })
         .transpose()?;
-    let after = match p.position.filter(|s| !s.is_empty()) {
-        None => None,
-        Some(position) => {
-            let bad = || {
-                ApiError::bad_request(
-                    "invalid_query",
-                    format!("position {position:?} is not one this server gave"),
-                )
-            };
-            let (at, gid) = position.split_once(':').ok_or_else(bad)?;
-            Some((at.parse().map_err(|_| bad())?, gid.to_owned()))
-        }
-    };
+    let after = p
+        .position
+        .filter(|s| !s.is_empty())
+        .map(|position| decode_cursor("position", &position))
+        .transpose()?;
     let filter = ListFilter {
         statuses,
         kind,

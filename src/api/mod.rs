@@ -13,6 +13,7 @@ use crate::engine::Engine;
 pub mod dtm;
 pub mod error;
 pub mod native;
+pub mod validate;
 
 /// What every handler can reach.
 pub struct AppState {

@@ -12,10 +12,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Number, Value};
 
 use super::AppState;
 use super::error::ApiError;
+use super::validate::{
+    Given, Overrides, Unit, check_id, check_payload, check_reason, check_url, decode_cursor,
+    parse_body, parse_orders,
+};
 use crate::core::{
     Action, Branch, BranchStatus, CallOutcome, Kind, Millis, SagaStep, Status, Transaction,
     TxOptions,
@@ -34,85 +38,19 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/v1/transactions/{gid}/force-stop", post(force_stop))
 }
 
-// ---- validation ------------------------------------------------------------------------
-
-pub const MAX_ID_LEN: usize = 128;
-
-/// Gids and branch ids: 1 to 128 of `A-Z a-z 0-9 _ . : -`. They end up in URLs, logs and
-/// unique indexes, so anything else is refused rather than escaped.
-pub fn check_id(what: &'static str, code: &'static str, id: &str) -> Result<(), ApiError> {
-    let ok = !id.is_empty()
-        && id.len() <= MAX_ID_LEN
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(
-            code,
-            format!(
-                "{what} must be 1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 _ . : - (got {id:?})"
-            ),
-        ))
-    }
-}
-
-/// Participant URLs must be absolute http(s) URLs with a host.
-pub fn check_url(field: &str, url: &str) -> Result<(), ApiError> {
-    let parsed = reqwest::Url::parse(url);
-    match parsed {
-        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
-        _ => Err(ApiError::bad_request(
-            "invalid_url",
-            format!("{field} must be an absolute http:// or https:// URL (got {url:?})"),
-        )),
-    }
-}
-
-/// Parses a JSON body into `T`, turning every way it can be wrong into a 4xx.
-pub fn parse_body<T: serde::de::DeserializeOwned>(
-    body: Result<Bytes, BytesRejection>,
-    empty_is: Option<&str>,
-) -> Result<(T, Value), ApiError> {
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(e.status(), "payload_too_large", e.body_text())
-        } else {
-            ApiError::bad_request("invalid_body", e.body_text())
-        }
-    })?;
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        match empty_is {
-            Some(default) => default.as_bytes(),
-            None => {
-                return Err(ApiError::bad_request(
-                    "invalid_json",
-                    "the request body is empty",
-                ));
-            }
-        }
-    } else {
-        &bytes
-    };
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("the body is not JSON: {e}")))?;
-    let typed = T::deserialize(&value)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid request: {e}")))?;
-    Ok((typed, value))
-}
-
 // ---- requests --------------------------------------------------------------------------
 
-/// Options a request may set; anything unset takes the server default.
+/// Options a request may set; anything unset takes the server default. Numbers are kept
+/// as sent so that the shared checks judge them (see `validate`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OptionsRequest {
-    pub request_timeout_ms: Option<u64>,
-    pub retry_interval_ms: Option<u64>,
-    pub max_retry_interval_ms: Option<u64>,
-    pub max_attempts: Option<u32>,
-    pub timeout_ms: Option<u64>,
+    pub request_timeout_ms: Option<Number>,
+    pub retry_interval_ms: Option<Number>,
+    pub max_retry_interval_ms: Option<Number>,
+    pub max_attempts: Option<Number>,
+    pub max_in_progress_ms: Option<Number>,
+    pub timeout_ms: Option<Number>,
     #[serde(default)]
     pub branch_headers: BTreeMap<String, String>,
     #[serde(default)]
@@ -124,100 +62,27 @@ pub struct OptionsRequest {
 impl OptionsRequest {
     /// Resolves against the defaults, checking ranges.
     pub fn resolve(self, defaults: &TxOptions, steps: usize) -> Result<TxOptions, ApiError> {
-        let bad = |m: String| ApiError::bad_request("invalid_options", m);
-        let mut o = defaults.clone();
-        if let Some(v) = self.request_timeout_ms {
-            if !(1..=600_000).contains(&v) {
-                return Err(bad(format!(
-                    "request_timeout_ms must be 1..=600000, got {v}"
-                )));
-            }
-            o.request_timeout_ms = v;
-        }
-        if let Some(v) = self.retry_interval_ms {
-            if !(1..=3_600_000).contains(&v) {
-                return Err(bad(format!(
-                    "retry_interval_ms must be 1..=3600000, got {v}"
-                )));
-            }
-            o.retry_interval_ms = v;
-        }
-        if let Some(v) = self.max_retry_interval_ms {
-            if !(1..=86_400_000).contains(&v) {
-                return Err(bad(format!(
-                    "max_retry_interval_ms must be 1..=86400000, got {v}"
-                )));
-            }
-            o.max_retry_interval_ms = v;
-        }
-        if let Some(v) = self.max_attempts {
-            if !(1..=10_000).contains(&v) {
-                return Err(bad(format!("max_attempts must be 1..=10000, got {v}")));
-            }
-            o.max_attempts = v;
-        }
-        if let Some(v) = self.timeout_ms {
-            if v == 0 {
-                return Err(bad("timeout_ms must be positive".into()));
-            }
-            o.timeout_ms = Some(v);
-        }
-        for name in self.branch_headers.keys() {
-            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(bad(format!(
-                    "branch_headers has an invalid header name {name:?}"
-                )));
-            }
-        }
-        o.branch_headers.extend(self.branch_headers);
+        let given =
+            |field, unit, value: Option<Number>| value.map(|value| Given { field, unit, value });
+        let overrides = Overrides {
+            request_timeout: given("request_timeout_ms", Unit::Millis, self.request_timeout_ms),
+            retry_interval: given("retry_interval_ms", Unit::Millis, self.retry_interval_ms),
+            max_retry_interval: given(
+                "max_retry_interval_ms",
+                Unit::Millis,
+                self.max_retry_interval_ms,
+            ),
+            max_attempts: given("max_attempts", Unit::Count, self.max_attempts),
+            max_in_progress: given("max_in_progress_ms", Unit::Millis, self.max_in_progress_ms),
+            timeout: given("timeout_ms", Unit::Millis, self.timeout_ms),
+            branch_headers: self.branch_headers,
+        };
+        let mut o = overrides.apply(defaults.clone())?;
         o.concurrent = self.concurrent;
-        o.orders = parse_orders(self.orders, steps).map_err(bad)?;
+        o.orders = parse_orders(self.orders, steps)
+            .map_err(|m| ApiError::bad_request("invalid_options", m))?;
         Ok(o)
     }
-}
-
-/// Saga step dependencies: `{"2": [0, 1]}` means step 2 waits for steps 0 and 1. Indexes
-/// must name steps, and the graph must have no cycle (it would never run).
-pub fn parse_orders(
-    orders: BTreeMap<String, Vec<usize>>,
-    steps: usize,
-) -> Result<BTreeMap<usize, Vec<usize>>, String> {
-    let mut out = BTreeMap::new();
-    for (k, deps) in orders {
-        let step: usize = k
-            .parse()
-            .map_err(|_| format!("orders key {k:?} is not a step index"))?;
-        if step >= steps || deps.iter().any(|&d| d >= steps) {
-            return Err(format!("orders names a step beyond the {steps} steps"));
-        }
-        if deps.contains(&step) {
-            return Err(format!("step {step} cannot wait for itself"));
-        }
-        out.insert(step, deps);
-    }
-    // Depth-first search for a cycle.
-    fn visit(n: usize, g: &BTreeMap<usize, Vec<usize>>, state: &mut [u8]) -> bool {
-        match state[n] {
-            1 => return false,
-            2 => return true,
-            _ => {}
-        }
-        state[n] = 1;
-        for &d in g.get(&n).into_iter().flatten() {
-            if !visit(d, g, state) {
-                return false;
-            }
-        }
-        state[n] = 2;
-        true
-    }
-    let mut state = vec![0u8; steps];
-    for n in 0..steps {
-        if !visit(n, &out, &mut state) {
-            return Err("orders contain a cycle".into());
-        }
-    }
-    Ok(out)
 }
 
 #[derive(Debug, Deserialize)]
@@ -263,6 +128,7 @@ impl BranchSpec {
         check_url("confirm", &self.confirm)?;
         check_url("cancel", &self.cancel)?;
         let payload = payload_text(&self.payload);
+        check_payload("payload", &payload)?;
         // TCC branches have no order among them: Confirms (or Cancels) all go out together.
         Ok([
             Branch::new(
@@ -358,10 +224,12 @@ async fn create(
                     )
                 })?;
                 check_url(&format!("steps[{i}].compensate"), compensate)?;
+                let payload = payload_text(&s.payload);
+                check_payload(&format!("steps[{i}].payload"), &payload)?;
                 steps.push(SagaStep {
                     action: s.action.clone(),
                     compensate: compensate.to_owned(),
-                    payload: payload_text(&s.payload),
+                    payload,
                 });
             }
             let options = req.options.resolve(defaults, steps.len())?;
@@ -414,7 +282,9 @@ async fn create(
                         "msg steps have no compensate",
                     ));
                 }
-                msg_steps.push((s.action.clone(), payload_text(&s.payload)));
+                let payload = payload_text(&s.payload);
+                check_payload(&format!("steps[{i}].payload"), &payload)?;
+                msg_steps.push((s.action.clone(), payload));
             }
             if let Some(url) = &req.query_prepared {
                 check_url("query_prepared", url)?;
@@ -534,6 +404,7 @@ async fn operate(
 ) -> Result<Json<TxView>, ApiError> {
     check_id("gid", "invalid_gid", &gid)?;
     let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
+    check_reason("reason", req.reason.as_deref())?;
     let reason = |default: &str| req.reason.clone().unwrap_or_else(|| default.into());
     let engine = &app.engine;
     let stored = match operation {
@@ -628,7 +499,7 @@ async fn list(
         .map(|s| s.parse::<Kind>())
         .transpose()
         .map_err(|e| ApiError::bad_request("invalid_query", e.to_string()))?;
-    let after = q.cursor.map(|c| decode_cursor(&c)).transpose()?;
+    let after = q.cursor.map(|c| decode_cursor("cursor", &c)).transpose()?;
     let limit = q.limit.unwrap_or(50);
     if !(1..=1_000).contains(&limit) {
         return Err(ApiError::bad_request(
@@ -655,17 +526,6 @@ async fn list(
         "transactions": items,
         "next_cursor": page.next.map(|(at, gid)| format!("{at}:{gid}")),
     })))
-}
-
-fn decode_cursor(cursor: &str) -> Result<(Millis, String), ApiError> {
-    let bad = || {
-        ApiError::bad_request(
-            "invalid_query",
-            format!("cursor {cursor:?} is not one this server gave"),
-        )
-    };
-    let (at, gid) = cursor.split_once(':').ok_or_else(bad)?;
-    Ok((at.parse().map_err(|_| bad())?, gid.to_owned()))
 }
 
 // ---- views -----------------------------------------------------------------------------
@@ -751,40 +611,6 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ids_are_checked() {
-        assert!(check_id("gid", "invalid_gid", "order-1001:a.b_c").is_ok());
-        assert!(check_id("gid", "invalid_gid", "").is_err());
-        assert!(check_id("gid", "invalid_gid", "a b").is_err());
-        assert!(check_id("gid", "invalid_gid", "é").is_err());
-        assert!(check_id("gid", "invalid_gid", &"a".repeat(129)).is_err());
-        assert!(check_id("gid", "invalid_gid", &"a".repeat(128)).is_ok());
-    }
-
-    #[test]
-    fn urls_are_checked() {
-        assert!(check_url("u", "http://127.0.0.1:8080/x?y=1").is_ok());
-        assert!(check_url("u", "https://h/x").is_ok());
-        assert!(check_url("u", "ftp://h/x").is_err());
-        assert!(check_url("u", "/relative").is_err());
-        assert!(check_url("u", "http://").is_err());
-    }
-
-    #[test]
-    fn orders_must_name_steps_and_have_no_cycle() {
-        let o = |pairs: &[(&str, Vec<usize>)]| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.clone()))
-                .collect::<BTreeMap<_, _>>()
-        };
-        assert!(parse_orders(o(&[("2", vec![0, 1])]), 3).is_ok());
-        assert!(parse_orders(o(&[("3", vec![0])]), 3).is_err());
-        assert!(parse_orders(o(&[("x", vec![0])]), 3).is_err());
-        assert!(parse_orders(o(&[("1", vec![1])]), 3).is_err());
-        assert!(parse_orders(o(&[("0", vec![1]), ("1", vec![0])]), 2).is_err());
-    }
 
     #[test]
     fn wait_result_is_not_part_of_the_identity() {
