@@ -10,12 +10,26 @@
 //! 2. If the row existed, the closure does not run: the row says whether this is a
 //!    duplicate (return the stored first result), a repeated empty rollback, or a forward call
 //!    arriving after its compensation (the row was inserted by the compensation: *rejected*).
-//! 3. A compensating op (Cancel, compensate) then inserts-if-absent the row of the op it
+//! 3. A TCC Confirm then reads its Try's row (same gid, branch and step). Unless that row is
+//!    an executed Try, committed, the Confirm is refused with
+//!    [`ParticipantError::ConfirmWithoutTry`] (503, retried by the coordinator): the
+//!    closure does not run, and the whole local transaction rolls back, the Confirm's own
+//!    row included, so the retry after the Try has committed runs normally. This covers a
+//!    Try that has not run, one still in flight, and one turned away by a Cancel's guard
+//!    (step 4); that last Confirm is refused on every retry, and its branch stalls in the
+//!    coordinator, visibly. Without it, a Confirm would "confirm" a Try that never ran, and a
+//!    Try arriving after its Confirm would reserve what nobody ever releases.
+//! 4. A compensating op (Cancel, compensate) then inserts-if-absent the row of the op it
 //!    undoes (Try, action), with `reason` = its own name. If that insert succeeds, the forward
 //!    step never ran: this is an *empty rollback* (recorded, closure not run), and the row
 //!    just inserted is the guard that turns the late forward call away, now and on every
 //!    retry.
-//! 4. Otherwise the closure runs, and its result is stored in the op's row as JSON.
+//! 5. Otherwise the closure runs, and its result is stored in the op's row as JSON.
+//!
+//! Only a TCC Confirm has a step 3 ([`Op::prerequisite`]): a compensation whose forward op
+//! never ran is already handled by the empty rollback of step 4 (saga compensate included),
+//! a saga action and a two-phase message's `msg` have nothing that must run before them,
+//! and a msg transaction has no Try.
 //!
 //! A Cancel racing its Try is serialised by the unique index on the Try row: whichever
 //! inserts it first holds it until commit, and the other one waits on the index and then
@@ -23,6 +37,34 @@
 //! the Cancel committed first and the Try is rejected (neither ran). The rows are never
 //! read with `SELECT ... FOR UPDATE` before they exist: that locks gaps on InnoDB and
 //! deadlocks two callers that both find nothing.
+//!
+//! A Confirm racing its Try needs no lock, so step 3 is a plain read. An executed Try row,
+//! once committed, is never updated, and deleted only by [`crate::purge_barriers`] (a
+//! Cancel's insert of it finds it and leaves it alone). So a read that finds it stays true
+//! for the rest of the Confirm's transaction, and a read that misses it (no Try yet, or one
+//! whose row is not committed: a plain read neither waits for nor sees it) only refuses this
+//! attempt. Per database:
+//!
+//! * PostgreSQL, READ COMMITTED: the read sees every Try committed before it started.
+//! * MySQL/MariaDB: at REPEATABLE READ (the default) InnoDB takes the transaction's snapshot
+//!   at its first plain read, and the Confirm's insert before it takes none; at READ
+//!   COMMITTED every read takes a fresh one. Either way the read sees every Try committed
+//!   before it. A locking read would wait for a Try in flight instead of missing it, but on
+//!   a missing row it locks the gap: the trap above.
+//! * SQLite, `BEGIN IMMEDIATE`: the Try and the Confirm run one after the other, so the Try
+//!   committed entirely before the Confirm began or starts after it ended.
+//!
+//! An older snapshot (a stricter isolation level, or a caller's read before
+//! [`Barrier::run_in`]) can only hide a committed Try, never show one that is not there: one
+//! refusal more, never a Confirm without its Try.
+//!
+//! Purging: [`crate::purge_barriers`] deletes rows by age, so a branch's Try row goes before
+//! its Confirm's. Once a Confirm has committed, its duplicates are answered from its own row
+//! (step 2) and never look at the Try's. But a Confirm that arrives, or first succeeds, only
+//! after its Try row was purged is refused on every retry: nothing is confirmed twice, but
+//! the branch is stuck. The retention that keeps late Tries out (longer than the coordinator
+//! may still deliver any call of the transaction) keeps this window closed too. A purge
+//! that deletes the Try row just after the Confirm read it changes nothing: the Try did run.
 //!
 //! # Insert-if-absent per database
 //!
@@ -55,7 +97,10 @@ use sqlx::Transaction;
 use crate::backend::BarrierDatabase;
 use crate::dialect::Dialect;
 use crate::error::ParticipantError;
-use rows::{Existing, fetch_row, insert_if_absent, interpret_existing, outcome_col, set_outcome};
+use rows::{
+    Existing, Prerequisite, Read, fetch_row, insert_if_absent, interpret_existing,
+    interpret_prerequisite, outcome_col, set_outcome,
+};
 pub use step::{OpenedStep, StepConn, StepConnections, StepTx};
 use step::{Shared, Slot};
 pub(crate) use types::check_id;
@@ -173,6 +218,9 @@ impl Barrier {
     /// closure rolls everything back, barrier row included, so a later retry runs the step
     /// afresh.
     ///
+    /// A TCC Confirm whose Try has not committed never runs `step`: it comes back as
+    /// [`ParticipantError::ConfirmWithoutTry`] (503), with nothing written.
+    ///
     /// Committing can fail after the database has committed (a dropped connection). The
     /// caller then sees an error and the coordinator retries; the retry finds the row and
     /// returns the stored result, so even that case stays exactly-once.
@@ -262,6 +310,10 @@ impl Barrier {
     /// caller's); those come back as [`ParticipantError::Database`]. On SQLite the
     /// transaction must have been opened with `BEGIN IMMEDIATE`
     /// (`pool.begin_with("BEGIN IMMEDIATE")`).
+    ///
+    /// Roll back on every `Err`, [`ParticipantError::ConfirmWithoutTry`] included: a
+    /// commit would keep this op's `running` row, and every later call of it would then
+    /// fail as corrupt.
     pub async fn run_in<'t, DB, T, F, Fut>(
         &self,
         tx: &'t mut Transaction<'_, DB>,
@@ -319,6 +371,11 @@ impl Barrier {
         .await?;
 
         if inserted {
+            // Only after the own row: a duplicate of a Confirm that committed is answered
+            // from that row, even once a purge has taken the (older) Try row away.
+            if let Some(prerequisite) = this.op.prerequisite() {
+                check_prerequisite::<DB>(conn, dialect, this, prerequisite).await?;
+            }
             if let Some(origin) = this.op.origin() {
                 let origin_inserted = insert_if_absent::<DB>(
                     conn,
@@ -354,7 +411,7 @@ impl Barrier {
             return Ok(Outcome::Executed(value));
         }
 
-        let row = fetch_row::<DB>(conn, dialect, this, this.op).await?;
+        let row = fetch_row::<DB>(conn, dialect, this, this.op, Read::Collided).await?;
         let Some((reason, outcome, result)) = row else {
             // The insert saw a row that is gone now: only a purge racing this call does
             // that. Another attempt sorts it out.
@@ -381,6 +438,50 @@ impl Barrier {
             Existing::Corrupt(why) => Err(ParticipantError::internal(why)),
         }
     }
+}
+
+/// Refuses `barrier`'s op (a TCC Confirm) unless the row of its `prerequisite` (the Try)
+/// is an executed one, committed. The caller's `Err` path rolls the whole transaction
+/// back, this op's own row included, so a retry starts afresh. Why a plain read is enough
+/// is in the module documentation.
+async fn check_prerequisite<DB: BarrierDatabase>(
+    conn: &mut DB::Connection,
+    dialect: Dialect,
+    barrier: &Barrier,
+    prerequisite: Op,
+) -> Result<(), ParticipantError> {
+    let row = fetch_row::<DB>(conn, dialect, barrier, prerequisite, Read::Plain).await?;
+    let found = row
+        .as_ref()
+        .map(|(reason, outcome, _)| (reason.as_str(), outcome.as_str()));
+    let (gid, branch_id, op) = (&barrier.gid, &barrier.branch_id, barrier.op);
+    let step = barrier.barrier_id();
+    let why = match interpret_prerequisite(prerequisite, found) {
+        Prerequisite::Ran => return Ok(()),
+        Prerequisite::Missing => {
+            // Usually a Confirm that overtook its Try's commit; a retry goes through.
+            tracing::info!(%gid, %branch_id, %op, barrier_id = %step,
+                kind = "confirm_without_try", found = "absent",
+                "{op} refused: its {prerequisite} has not committed; retryable");
+            format!("no committed {prerequisite} row; retry once the {prerequisite} has committed")
+        }
+        Prerequisite::Guarded => {
+            // Never resolves by itself: the branch stalls in the coordinator, visibly.
+            tracing::warn!(%gid, %branch_id, %op, barrier_id = %step,
+                kind = "confirm_without_try", found = "guard",
+                "{op} refused: its cancel ran first, so its {prerequisite} never will");
+            format!("its cancel ran first (empty rollback), so its {prerequisite} never will")
+        }
+        Prerequisite::Unexpected(what) => {
+            tracing::warn!(%gid, %branch_id, %op, barrier_id = %step,
+                kind = "confirm_without_try", found = %what,
+                "{op} refused: its {prerequisite} row is not an executed one");
+            what
+        }
+    };
+    Err(ParticipantError::ConfirmWithoutTry(format!(
+        "{op} of {gid}/{branch_id} step {step} refused: {why}"
+    )))
 }
 
 #[cfg(test)]

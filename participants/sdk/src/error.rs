@@ -1,7 +1,8 @@
 //! What can go wrong in a branch step, sorted by what the coordinator should do about it.
 //!
 //! The coordinator's contract has three answers besides success: 409 (the business said no;
-//! do not retry), 425 (still running; ask again later) and anything else (try again). A
+//! do not retry), 425 (still running; ask again later) and anything else (try again; this
+//! crate answers 503 for what a retry can cure, 500 for a broken invariant). A
 //! participant only has to say which kind of failure it has; [`ParticipantError`] carries
 //! that decision to the HTTP mapping.
 
@@ -34,6 +35,15 @@ pub enum ParticipantError {
     #[error("transient failure: {0}")]
     Transient(String),
 
+    /// A TCC Confirm whose Try has no committed, executed barrier row: the Try has not run,
+    /// is still running, or its Cancel ran first and turned it away. The barrier refuses the
+    /// Confirm before its closure runs and rolls everything back, the Confirm's own row
+    /// included. Answered with 503, like [`ParticipantError::Transient`]: once the Try
+    /// commits, a retried Confirm goes through; if it never does (the Cancel won), the
+    /// branch stalls in the coordinator, visibly, rather than confirming nothing.
+    #[error("confirm without try: {0}")]
+    ConfirmWithoutTry(String),
+
     /// A broken invariant: a stored result that no longer decodes, a Confirm for a
     /// reservation that does not exist. Answered with 500, which the coordinator retries,
     /// so the problem stays visible until someone fixes it.
@@ -63,13 +73,32 @@ impl ParticipantError {
         matches!(self, ParticipantError::Refused(_))
     }
 
+    /// True for a Confirm refused because its Try has not committed (HTTP 503).
+    pub fn is_confirm_without_try(&self) -> bool {
+        matches!(self, ParticipantError::ConfirmWithoutTry(_))
+    }
+
     /// The HTTP status code the coordinator expects for this error.
     pub fn status_code(&self) -> u16 {
         match self {
             ParticipantError::Refused(_) => 409,
             ParticipantError::InProgress(_) => 425,
-            ParticipantError::Database(_) | ParticipantError::Transient(_) => 503,
+            ParticipantError::Database(_)
+            | ParticipantError::Transient(_)
+            | ParticipantError::ConfirmWithoutTry(_) => 503,
             ParticipantError::Internal(_) => 500,
+        }
+    }
+
+    /// A stable name of the kind of error, for logs and response bodies (`error`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ParticipantError::Refused(_) => "refused",
+            ParticipantError::InProgress(_) => "in_progress",
+            ParticipantError::Database(_) => "database",
+            ParticipantError::Transient(_) => "transient",
+            ParticipantError::ConfirmWithoutTry(_) => "confirm_without_try",
+            ParticipantError::Internal(_) => "internal",
         }
     }
 
@@ -195,6 +224,11 @@ mod tests {
             503
         );
         assert_eq!(ParticipantError::internal("bug").status_code(), 500);
+        let early = ParticipantError::ConfirmWithoutTry("no try yet".into());
+        assert_eq!(early.status_code(), 503);
+        assert_eq!(early.kind(), "confirm_without_try");
+        assert!(early.is_confirm_without_try());
+        assert!(!early.is_refusal());
         assert!(ParticipantError::refused("no").is_refusal());
     }
 }

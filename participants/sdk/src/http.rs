@@ -255,10 +255,10 @@ impl IntoResponse for ParticipantError {
             _ => None,
         };
         if status.is_server_error() {
-            tracing::warn!(error = %self, "branch step failed; the coordinator will retry");
+            tracing::warn!(error = %self, kind = self.kind(), "branch step failed; the coordinator will retry");
         }
         let mut body = Map::new();
-        body.insert("error".into(), json!(error_kind(&self)));
+        body.insert("error".into(), json!(self.kind()));
         body.insert("message".into(), json!(self.to_string()));
         json_response(status, dtm, body)
     }
@@ -277,16 +277,6 @@ impl IntoResponse for MsgState {
                 json_response(StatusCode::CONFLICT, Some("FAILURE"), body)
             }
         }
-    }
-}
-
-fn error_kind(e: &ParticipantError) -> &'static str {
-    match e {
-        ParticipantError::Refused(_) => "refused",
-        ParticipantError::InProgress(_) => "in_progress",
-        ParticipantError::Database(_) => "database",
-        ParticipantError::Transient(_) => "transient",
-        ParticipantError::Internal(_) => "internal",
     }
 }
 
@@ -475,6 +465,12 @@ mod tests {
         );
         assert_eq!(
             ParticipantError::transient("db down")
+                .into_response()
+                .status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ParticipantError::ConfirmWithoutTry("try not committed".into())
                 .into_response()
                 .status(),
             StatusCode::SERVICE_UNAVAILABLE

@@ -23,6 +23,10 @@
 //! }
 //! ```
 //!
+//! A TCC Confirm whose Try has not executed and committed never reaches its closure: it
+//! comes back as [`ParticipantError::ConfirmWithoutTry`] (503, so the coordinator retries it
+//! once the Try has committed), with nothing written.
+//!
 //! It runs on SQLite, PostgreSQL and MySQL/MariaDB, with typed sqlx pools or with
 //! `sqlx::Any` (one binary, backend chosen by URL: see [`connect`]). The `axum` feature adds
 //! the callback extractor and the outcome-to-status mapping ([`http`]).

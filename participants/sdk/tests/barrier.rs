@@ -1,62 +1,19 @@
 //! The barrier's guarantees, on every backend, through the library API (the example
 //! participants' tests exercise the same over HTTP).
 
+mod common;
+
 use std::collections::HashSet;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idem_participant::testing::{self, TestDatabase};
+use common::{bump, counter, gid, setup, tcc};
+use idem_participant::testing;
 use idem_participant::{
-    Barrier, BarrierRecord, Dialect, LeanPool, MsgState, Op, Outcome, ParticipantError, StepTx,
-    TransType, barrier_records, create_barrier_table, query_prepared,
+    Barrier, BarrierDatabase, BarrierRecord, Dialect, LeanPool, MsgState, Op, Outcome,
+    ParticipantError, TransType, barrier_records, create_barrier_table, query_prepared,
 };
-use sqlx::{Any, AnyPool, Row};
-
-async fn setup(db: &TestDatabase) -> AnyPool {
-    let pool = idem_participant::connect(&db.url, 8)
-        .await
-        .expect("connect");
-    create_barrier_table(&pool).await.expect("barrier table");
-    sqlx::query("CREATE TABLE counters (name VARCHAR(64) PRIMARY KEY, value BIGINT NOT NULL)")
-        .execute(&pool)
-        .await
-        .expect("counters table");
-    sqlx::query("INSERT INTO counters (name, value) VALUES ('c', 0)")
-        .execute(&pool)
-        .await
-        .expect("seed counter");
-    pool
-}
-
-async fn counter(pool: &AnyPool) -> i64 {
-    sqlx::query("SELECT value FROM counters WHERE name = 'c'")
-        .fetch_one(pool)
-        .await
-        .expect("read counter")
-        .get::<i64, _>(0)
-}
-
-/// The business step of these tests: add `delta` to the counter, return a random token so
-/// that a duplicate provably gets the first call's result and not a fresh one.
-async fn bump(tx: &StepTx<'_, Any>, delta: i64) -> Result<u64, ParticipantError> {
-    sqlx::query(tx.sql("UPDATE counters SET value = value + ? WHERE name = ?"))
-        .bind(delta)
-        .bind("c")
-        .execute(&mut *tx.conn())
-        .await?;
-    Ok(std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish())
-}
-
-fn tcc(gid: &str, op: Op) -> Barrier {
-    Barrier::new(TransType::Tcc, gid, "01", op).unwrap()
-}
-
-fn gid(prefix: &str) -> String {
-    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
-}
+use sqlx::{Any, Row};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_identical_tries_run_once() {
@@ -499,82 +456,65 @@ async fn msg_back_check_sees_commit_or_blocks_the_late_local_transaction() {
     }
 }
 
+/// The same steps on each backend's typed pool (not `Any`): a Cancel before its Try, the
+/// late Try, a Confirm whose Try was turned away, and a Confirm after its Try.
+async fn typed_steps<DB: BarrierDatabase>(pool: &sqlx::Pool<DB>, backend: testing::Backend) {
+    create_barrier_table(pool).await.unwrap();
+    let g = gid("typed");
+    let b = tcc(&g, Op::Cancel);
+    assert_eq!(
+        b.run(pool, |_tx| async { Ok(1) }).await.unwrap(),
+        Outcome::EmptyRollback,
+        "{backend}"
+    );
+    let b = tcc(&g, Op::Try);
+    assert_eq!(
+        b.run(pool, |_tx| async { Ok(1) }).await.unwrap(),
+        Outcome::Rejected,
+        "{backend}"
+    );
+    let b = tcc(&g, Op::Confirm);
+    let refused = b.run(pool, |_tx| async { Ok(7) }).await.unwrap_err();
+    assert!(refused.is_confirm_without_try(), "{backend}: {refused}");
+
+    let g = gid("typed-ok");
+    let b = tcc(&g, Op::Try);
+    assert_eq!(
+        b.run(pool, |_tx| async { Ok(1) }).await.unwrap(),
+        Outcome::Executed(1),
+        "{backend}"
+    );
+    let b = tcc(&g, Op::Confirm);
+    assert_eq!(
+        b.run(pool, |_tx| async { Ok(7) }).await.unwrap(),
+        Outcome::Executed(7),
+        "{backend}"
+    );
+    assert_eq!(
+        b.run(pool, |_tx| async { Ok(8) }).await.unwrap(),
+        Outcome::Duplicate(7),
+        "{backend}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_pools_work_too() {
     use idem_participant::testing::Backend;
     for db in testing::all("typed_pools_work_too").await {
-        let g = gid("typed");
         match db.backend {
             Backend::Sqlite => {
                 let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
-                create_barrier_table(&pool).await.unwrap();
-                let b = tcc(&g, Op::Cancel);
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(1) }).await.unwrap(),
-                    Outcome::EmptyRollback
-                );
-                let b = tcc(&g, Op::Try);
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(1) }).await.unwrap(),
-                    Outcome::Rejected
-                );
-                let b = tcc(&g, Op::Confirm);
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(7) }).await.unwrap(),
-                    Outcome::Executed(7)
-                );
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(8) }).await.unwrap(),
-                    Outcome::Duplicate(7)
-                );
+                typed_steps(&pool, db.backend).await;
                 pool.close().await;
             }
             Backend::Postgres => {
                 let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-                create_barrier_table(&pool).await.unwrap();
-                let b = tcc(&g, Op::Cancel);
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(1) }).await.unwrap(),
-                    Outcome::EmptyRollback
-                );
-                let b = tcc(&g, Op::Try);
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(1) }).await.unwrap(),
-                    Outcome::Rejected
-                );
-                let b = tcc(&g, Op::Confirm);
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(7) }).await.unwrap(),
-                    Outcome::Executed(7)
-                );
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(8) }).await.unwrap(),
-                    Outcome::Duplicate(7)
-                );
+                typed_steps(&pool, db.backend).await;
                 pool.close().await;
             }
             Backend::Mysql => {
                 let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
-                create_barrier_table(&pool).await.unwrap();
-                let b = tcc(&g, Op::Cancel);
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(1) }).await.unwrap(),
-                    Outcome::EmptyRollback
-                );
-                let b = tcc(&g, Op::Try);
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(1) }).await.unwrap(),
-                    Outcome::Rejected
-                );
-                let b = tcc(&g, Op::Confirm);
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(7) }).await.unwrap(),
-                    Outcome::Executed(7)
-                );
-                assert_eq!(
-                    b.run(&pool, |_tx| async { Ok(8) }).await.unwrap(),
-                    Outcome::Duplicate(7)
-                );
+                typed_steps(&pool, db.backend).await;
                 pool.close().await;
             }
         }

@@ -1,5 +1,6 @@
 //! The barrier table's rows: inserting one if absent, recording how a step ended, reading
-//! one back, and what an existing row means to the op that collided with it.
+//! one back, what an existing row means to the op that collided with it, and what a
+//! Confirm's Try row means to the Confirm.
 
 use crate::backend::{Arg, BarrierDatabase};
 use crate::dialect::Dialect;
@@ -54,6 +55,36 @@ pub(crate) fn interpret_existing(
                 .into(),
         ),
         (other, _) => Existing::Corrupt(format!("unknown barrier outcome `{other}`")),
+    }
+}
+
+/// What the row of an op's prerequisite (a Confirm's Try) says about running the op.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Prerequisite {
+    /// It executed and committed: the op may run.
+    Ran,
+    /// No committed row: the Try has not run, or has not committed yet.
+    Missing,
+    /// The guard its compensation inserted: the Cancel ran first, and the Try never will.
+    Guarded,
+    /// Any other row; a correct run never commits one (see [`interpret_existing`]).
+    Unexpected(String),
+}
+
+/// Reads the (reason, outcome) of the `prerequisite` op's row, if there is one. Pure, so
+/// every case is unit-tested.
+pub(crate) fn interpret_prerequisite(prerequisite: Op, row: Option<(&str, &str)>) -> Prerequisite {
+    match row {
+        None => Prerequisite::Missing,
+        Some((reason, outcome_col::EXECUTED)) if reason == prerequisite.as_str() => {
+            Prerequisite::Ran
+        }
+        Some((reason, outcome_col::GUARD)) if reason != prerequisite.as_str() => {
+            Prerequisite::Guarded
+        }
+        Some((reason, outcome)) => Prerequisite::Unexpected(format!(
+            "its {prerequisite} row was left by a `{reason}` call as `{outcome}`"
+        )),
     }
 }
 
@@ -128,20 +159,31 @@ pub(super) async fn set_outcome<DB: BarrierDatabase>(
     Ok(())
 }
 
+/// How [`fetch_row`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Read {
+    /// The row that just blocked this call's insert: it exists.
+    Collided,
+    /// A row that may not exist (a Confirm looking for its Try's): never a locking read.
+    Plain,
+}
+
 /// Reads (reason, outcome, result) of the barrier row of `op`.
 pub(super) async fn fetch_row<DB: BarrierDatabase>(
     conn: &mut DB::Connection,
     dialect: Dialect,
     barrier: &Barrier,
     op: Op,
+    read: Read,
 ) -> Result<Option<(String, String, Option<String>)>, ParticipantError> {
     // On InnoDB a plain SELECT reads the transaction's snapshot, which can predate the
     // commit of the row that just blocked the insert (when the caller read something
     // earlier in the transaction). A locking read sees the latest committed row; the row
     // exists (the insert just collided with it) and the duplicate-key check already holds a
-    // shared lock on it, so this locks nothing new.
-    let lock = match dialect {
-        Dialect::Mysql => " LOCK IN SHARE MODE",
+    // shared lock on it, so this locks nothing new. On a row that may be missing, a locking
+    // read would lock the gap where it would go instead, so `Read::Plain` never locks.
+    let lock = match (dialect, read) {
+        (Dialect::Mysql, Read::Collided) => " LOCK IN SHARE MODE",
         _ => "",
     };
     let sql = format!(
@@ -171,6 +213,34 @@ pub(super) async fn fetch_row<DB: BarrierDatabase>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_confirm_runs_only_after_an_executed_try() {
+        use Prerequisite::*;
+        assert_eq!(
+            interpret_prerequisite(Op::Try, Some(("try", "executed"))),
+            Ran
+        );
+        assert_eq!(interpret_prerequisite(Op::Try, None), Missing);
+        // The guard an empty rollback left.
+        assert_eq!(
+            interpret_prerequisite(Op::Try, Some(("cancel", "guard"))),
+            Guarded
+        );
+        // Rows a correct run never commits are no licence to confirm either.
+        for row in [
+            ("try", "running"),
+            ("try", "empty_rollback"),
+            ("try", "guard"),
+            ("cancel", "executed"),
+            ("try", "weird"),
+        ] {
+            assert!(
+                matches!(interpret_prerequisite(Op::Try, Some(row)), Unexpected(_)),
+                "{row:?}"
+            );
+        }
+    }
 
     #[test]
     fn existing_rows_are_interpreted() {

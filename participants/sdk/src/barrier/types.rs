@@ -106,6 +106,16 @@ impl Op {
             _ => None,
         }
     }
+
+    /// The forward op that must have run (and committed) before this one may run: a TCC
+    /// Confirm needs its Try. Nothing else has one: a compensation before its forward op
+    /// is an empty rollback instead, and an action or msg starts its branch.
+    pub fn prerequisite(self) -> Option<Op> {
+        match self {
+            Op::Confirm => Some(Op::Try),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Op {
@@ -125,6 +135,10 @@ pub enum InvalidCall {
 
 /// What happened to a guarded step. Every variant but [`Outcome::Rejected`] is a success
 /// for the coordinator.
+///
+/// A TCC Confirm whose Try has not committed has no outcome: it is the error
+/// [`ParticipantError::ConfirmWithoutTry`](crate::ParticipantError::ConfirmWithoutTry),
+/// because nothing of it may commit, not even its own barrier row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome<T> {
     /// The closure ran in this call; its result is stored and committed with it.
@@ -279,6 +293,10 @@ mod tests {
         assert_eq!(Op::Try.origin(), None);
         assert_eq!(Op::Confirm.origin(), None);
         assert_eq!(Op::Msg.origin(), None);
+        assert_eq!(Op::Confirm.prerequisite(), Some(Op::Try));
+        for op in [Op::Try, Op::Cancel, Op::Action, Op::Compensate, Op::Msg] {
+            assert_eq!(op.prerequisite(), None, "{op}");
+        }
     }
 
     #[test]
