@@ -2,9 +2,11 @@
 //!
 //! * Try: `available -= n, reserved += n`, only if `available >= n` (else 409), and a
 //!   reservation row keyed by (gid, branch_id).
-//! * Confirm: `reserved -= n, sold += n` for that reservation.
+//! * Confirm: `reserved -= n, sold += n` for that reservation. The barrier runs it only after
+//!   the Try executed and committed; a Confirm that gets there first is refused as retryable
+//!   (503, `confirm_without_try`) and the coordinator retries it.
 //! * Cancel: `reserved -= n, available += n` for that reservation; nothing at all when the Try
-//!   never ran (the barrier's empty rollback).
+//!   never ran (the barrier's empty rollback, which also turns the late Try away).
 //!
 //! Confirm and Cancel receive the same payload as Try but ignore it: they act on the
 //! reservation row, so they release exactly what was reserved even if the payload were
@@ -364,8 +366,11 @@ async fn settle(
     let reservation = row.as_ref().map(reservation_from).transpose()?;
     match reservation {
         Some(r) if changed == 1 => Ok(r),
-        // The barrier only lets Confirm/Cancel through when the Try ran and committed,
-        // and only once; anything else here is a protocol or data error worth an alarm.
+        // The barrier runs each of these once at most, and never without its forward step:
+        // a Confirm only after an executed, committed Try (it refuses an earlier one as
+        // retryable), a Cancel or compensate only when its Try or action ran (otherwise it
+        // is an empty rollback). So the row exists and is still `from`; anything else is a
+        // protocol violation (a Cancel after the Confirm) or a data error worth an alarm.
         Some(r) => Err(ParticipantError::internal(format!(
             "cannot {} reservation {}/{}: it is already {}",
             tx.op(),

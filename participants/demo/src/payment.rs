@@ -2,8 +2,10 @@
 //!
 //! * Try: `frozen += amount`, only if `balance - frozen >= amount` (else 409): the available
 //!   balance never goes negative. A ledger row keyed by (gid, branch_id) records it.
-//! * Confirm: `balance -= amount, frozen -= amount` for that ledger row.
-//! * Cancel: `frozen -= amount` for that ledger row; nothing when the Try never ran.
+//! * Confirm: `balance -= amount, frozen -= amount` for that ledger row, only after the Try
+//!   executed and committed (an earlier Confirm is refused as retryable by the barrier).
+//! * Cancel: `frozen -= amount` for that ledger row; nothing when the Try never ran (an
+//!   empty rollback).
 //!
 //! Like the inventory, Confirm and Cancel act on the ledger row, not on their payload. All
 //! ops are served by [`FREEZE_PATH`] (or `FREEZE_PATH/{op}`).
@@ -295,7 +297,9 @@ async fn take(tx: &StepTx<'_, Any>, req: &FreezeRequest) -> Result<LedgerEntry, 
 }
 
 /// Confirm (`debited`) or Cancel (`released`) the money this branch froze. As in the
-/// inventory, the ledger UPDATE runs first so that the row read after it is current.
+/// inventory, the ledger UPDATE runs first so that the row read after it is current, and
+/// the barrier only gets here after the Try (or saga action) ran: a missing or already
+/// settled row is an alarm.
 async fn settle(
     tx: &StepTx<'_, Any>,
     from: &str,

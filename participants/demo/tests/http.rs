@@ -874,7 +874,8 @@ async fn bad_callbacks_are_answered_clearly() {
         )
         .await;
     assert_eq!(s, 409, "unknown sku");
-    // Confirm of a branch whose Try never ran: an alarm (5xx, retried), not a silent success.
+    // Confirm of a branch whose Try has not run: refused by the barrier as retryable (503),
+    // neither a silent success nor a 409 that would stop the coordinator's retries.
     let (s, b) = env
         .call(
             inventory::RESERVE_PATH,
@@ -885,7 +886,8 @@ async fn bad_callbacks_are_answered_clearly() {
             &json!({}),
         )
         .await;
-    assert_eq!(s, 500, "{b}");
+    assert_eq!(s, 503, "{b}");
+    assert_eq!(b["error"], "confirm_without_try", "{b}");
     assert!(barrier_records(&env.pool, "g2").await.unwrap().is_empty());
 
     let (s, b) = env.get("/inventory/stock/apple").await;
