@@ -121,6 +121,14 @@ pub struct ChaosArgs {
     pub kill_every_ms: u64,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Long outages: a participant refuses every Confirm, Cancel and compensation of a run
+    /// of orders (which have a small retry budget) until all of them have stalled or
+    /// ended; then it comes back and the operator retries what stalled.
+    #[arg(long, default_value_t = 2)]
+    pub outages: usize,
+    /// Orders each outage hits (0: one in fifty, at least ten).
+    #[arg(long, default_value_t = 0)]
+    pub outage_orders: usize,
     /// Where the coordinators and participants keep their data: sqlite (files in a
     /// temporary directory), postgres or mysql (fresh databases on the server named by
     /// IDEM_TEST_POSTGRES_URL / IDEM_TEST_MYSQL_URL, default the local one; dropped after).
@@ -383,6 +391,8 @@ async fn chaos(args: ChaosArgs) -> Result<(), BoxError> {
         kills: args.kills,
         kill_every_ms: args.kill_every_ms,
         seed: args.seed,
+        outages: args.outages,
+        outage_orders: args.outage_orders,
     };
     let scenario = scenario::chaos_scenario(&config);
     let work_dir = std::env::temp_dir().join(format!("idem-chaos-{}", std::process::id()));
@@ -417,6 +427,17 @@ async fn chaos(args: ChaosArgs) -> Result<(), BoxError> {
         config.kills,
         config.kill_every_ms
     );
+    let planned = scenario
+        .orders
+        .iter()
+        .filter(|o| scenario::planned_to_fail(&scenario, o))
+        .count();
+    println!(
+        "planned: {planned} orders refused by design ({:.1} %: over-stock, unknown campaign, client abort); {} long outages of {} orders each",
+        100.0 * planned as f64 / config.orders.max(1) as f64,
+        scenario.outages.len(),
+        config.orders_per_outage()
+    );
     let report = scenario::run(&scenario, &run).await;
     for db in databases {
         db.drop_database().await;
@@ -429,7 +450,7 @@ async fn chaos(args: ChaosArgs) -> Result<(), BoxError> {
     }
     if report.violations.is_empty() {
         println!(
-            "every transaction is terminal; stock conserved and never negative; balances never negative; succeeded orders applied once; failed orders undone; no coupon issued twice"
+            "every transaction is terminal; stock conserved and never negative; balances never negative; succeeded orders applied once; failed orders undone; no coupon issued twice; no call past its attempt cap; every order a long outage met stalled, then ended after the operator's retry"
         );
         Ok(())
     } else {

@@ -4,12 +4,14 @@
 //! where the scenario allows it); stock is conserved per SKU and never negative; balances
 //! never go negative; a succeeded order's effects are applied exactly once and a failed
 //! order's are fully undone, checked on each participant's ledger row; no coupon is issued
-//! twice.
+//! twice; no branch operation is called past its attempt cap. With long outages: each met
+//! some order, and every order it met was seen stalled before the operator's retry.
 
 use std::collections::BTreeMap;
 
 use super::{Error, Order, Participant, Participants, Report, Scenario};
 use crate::core::{Kind, Status};
+use crate::faults::TimelineEvent;
 use idem_demo::{coupon, inventory, payment};
 
 /// Reads the participants' final state into the report and checks each order's ledger rows.
@@ -199,6 +201,8 @@ pub fn check(scenario: &Scenario, report: &mut Report) {
             ));
         }
     }
+    bounded_attempts(scenario, report, &mut v);
+    super::outage::check(scenario, report, &mut v);
 
     let e = &scenario.expect;
     for (gid, want) in &e.status {
@@ -247,7 +251,7 @@ pub fn check(scenario: &Scenario, report: &mut Report) {
     let fenced = report
         .timeline
         .iter()
-        .any(|t| matches!(t, crate::faults::TimelineEvent::Fenced { .. }));
+        .any(|t| matches!(t, TimelineEvent::Fenced { .. }));
     if e.fenced && !fenced {
         v.push("expected a stale coordinator's write to be refused; none was".into());
     }
@@ -280,4 +284,43 @@ pub fn check(scenario: &Scenario, report: &mut Report) {
         }
     }
     report.violations.extend(v);
+}
+
+/// Bounded retries, from the coordinators' own record: a call goes out as attempt
+/// "attempts so far + 1", so none may go past the transaction's cap (an operator's retry
+/// starts the count again).
+fn bounded_attempts(scenario: &Scenario, report: &Report, v: &mut Vec<String>) {
+    let caps: BTreeMap<&str, u32> = scenario
+        .orders
+        .iter()
+        .map(|o| {
+            let cap = o
+                .options
+                .as_ref()
+                .and_then(|b| b.max_attempts)
+                .unwrap_or(scenario.settings.max_attempts);
+            (o.gid.as_str(), cap)
+        })
+        .collect();
+    let mut over: BTreeMap<(&str, &str, &str), u32> = BTreeMap::new();
+    for event in &report.timeline {
+        if let TimelineEvent::Call {
+            gid,
+            branch_id,
+            op,
+            attempt,
+            ..
+        } = event
+            && caps.get(gid.as_str()).is_some_and(|cap| attempt > cap)
+        {
+            let worst = over.entry((gid, branch_id, op)).or_default();
+            *worst = (*worst).max(*attempt);
+        }
+    }
+    for ((gid, branch_id, op), attempt) in over {
+        v.push(format!(
+            "{gid}: {branch_id}/{op} called as attempt {attempt}, past its cap of {}",
+            caps[gid]
+        ));
+    }
 }

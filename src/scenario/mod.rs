@@ -7,31 +7,40 @@
 //! crash (or are killed), dropping the crash rules that already fired. The runner plays the
 //! client: it creates transactions, calls TCC Trys itself, submits or aborts, and retries a
 //! request whose coordinator died under it — with the same gid, which is what makes that safe.
+//! It also plays the operator: it heals long outages once the orders they hit have settled,
+//! and retries what stalled.
 //!
 //! Used by `tests/scenarios.rs` (the files in `tests/scenarios/`), `idem replay` and
 //! `idem chaos`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::core::{Kind, Status};
-use crate::faults::{
-    CallKey, CrashAction, Delivery, FaultPlan, ParticipantFaults, Timeline, TimelineEvent,
-    fault_signature, participant_faults,
-};
-use idem_demo::{coupon, inventory, payment};
+use crate::faults::{CallKey, FaultPlan, Timeline, TimelineEvent, fault_signature};
 
 mod chaos;
 mod checks;
+mod client;
+mod coordinators;
+mod outage;
+mod participants;
+mod report;
 
-pub use chaos::{ChaosConfig, scenario as chaos_scenario};
+pub use chaos::{ChaosConfig, planned_to_fail, scenario as chaos_scenario};
 pub use checks::check;
+pub use outage::{Outage, OutageHit};
+pub use participants::Participants;
+pub use report::Report;
+
+use client::Client;
+use coordinators::Coordinators;
+use outage::Outages;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -60,6 +69,9 @@ pub struct Scenario {
     #[serde(default)]
     pub campaigns: BTreeMap<String, i64>,
     pub orders: Vec<Order>,
+    /// Participants down for some orders until the runner heals them (see [`Outage`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outages: Vec<Outage>,
     #[serde(default)]
     pub expect: Expect,
     /// Databases to run it on in `cargo test` (default: sqlite and postgres).
@@ -139,6 +151,22 @@ pub struct Order {
     /// If the transaction ends stalled, the operator retries it (`tx retry`).
     #[serde(default)]
     pub retry_if_stalled: bool,
+    /// This transaction's retry budget (the create request's `options`), instead of the
+    /// coordinators' defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<RetryOptions>,
+}
+
+/// Per-transaction retry settings, as the create request's `options` takes them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_interval_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retry_interval_ms: Option<u64>,
 }
 
 /// What a scenario expects beyond the invariants every run is checked for.
@@ -223,536 +251,11 @@ impl RunConfig {
     }
 }
 
-/// What a run did and found.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Report {
-    pub name: String,
-    pub statuses: BTreeMap<String, Status>,
-    /// Gids that were stalled at some point before an operator retry.
-    pub stalled_seen: Vec<String>,
-    pub attempts: BTreeMap<String, i32>,
-    pub stock: BTreeMap<String, [i64; 3]>,
-    pub balances: BTreeMap<String, i64>,
-    pub coupons: BTreeMap<String, usize>,
-    pub timeline: Vec<TimelineEvent>,
-    pub deliveries: Vec<Delivery>,
-    /// Client-side Try answers per "gid/branch_id".
-    pub restarts: u32,
-    pub violations: Vec<String>,
-    pub wall_ms: u64,
-}
-
-impl Report {
-    /// Faults fired on both sides.
-    pub fn faults(&self) -> usize {
-        fault_signature(&self.timeline).len() + self.participant_faults().len()
-    }
-
-    pub fn participant_faults(&self) -> Vec<(CallKey, String)> {
-        let mut out: Vec<(CallKey, String)> = self
-            .deliveries
-            .iter()
-            .filter_map(|d| d.fault.clone().map(|f| (d.call.clone(), f)))
-            .collect();
-        out.sort();
-        out
-    }
-
-    /// Calls made to participants: idem's (from the timeline) and the client's Trys.
-    pub fn calls(&self) -> usize {
-        let by_idem = self
-            .timeline
-            .iter()
-            .filter(|e| matches!(e, TimelineEvent::Call { .. }))
-            .count();
-        let tries = self
-            .deliveries
-            .iter()
-            .filter(|d| d.call.op == "try")
-            .count();
-        by_idem + tries
-    }
-
-    /// A summary: how many transactions ended how, faults, restarts, violations, time.
-    pub fn summary(&self) -> String {
-        let mut by_status: BTreeMap<&str, usize> = BTreeMap::new();
-        for s in self.statuses.values() {
-            *by_status.entry(s.as_str()).or_default() += 1;
-        }
-        let calls = self.calls().max(1);
-        format!(
-            "transactions: {} ({})\nparticipant calls: {}, faults fired: {} ({:.1} % of calls; {} by idem's transport, {} in front of participants)\ncoordinator restarts after SIGKILL or crash: {}\nstalled, then retried by the operator: {}\nviolations: {}\nwall time: {:.1} s",
-            self.statuses.len(),
-            by_status
-                .iter()
-                .map(|(s, n)| format!("{n} {s}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            calls,
-            self.faults(),
-            100.0 * self.faults() as f64 / calls as f64,
-            fault_signature(&self.timeline).len(),
-            self.participant_faults().len(),
-            self.restarts,
-            self.stalled_seen.len(),
-            self.violations.len(),
-            self.wall_ms as f64 / 1_000.0
-        )
-    }
-
-    /// The timeline in a readable form, in time order.
-    pub fn describe_timeline(&self) -> Vec<String> {
-        let mut events: Vec<&TimelineEvent> = self.timeline.iter().collect();
-        events.sort_by_key(|e| e.at());
-        let mut lines: Vec<String> = events.iter().map(|e| e.describe()).collect();
-        for d in &self.deliveries {
-            if let Some(f) = &d.fault {
-                lines.push(format!(
-                    "{} {}/{} #{} at the participant -> HTTP {}  [fault: {f}]",
-                    d.call.gid, d.call.branch_id, d.call.op, d.call.attempt, d.status
-                ));
-            }
-        }
-        lines
-    }
-}
-
-// ---- coordinators ----------------------------------------------------------------------
-
-/// Coordinator child processes, restarted when they die.
-struct Coordinators {
-    urls: Arc<RwLock<Vec<String>>>,
-    restarts: Arc<AtomicU32>,
-    stopping: Arc<AtomicBool>,
-    pids: Arc<RwLock<Vec<Option<u32>>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-struct Launch {
-    bin: PathBuf,
-    db: String,
-    node: String,
-    plan: FaultPlan,
-    plan_file: PathBuf,
-    timeline: PathBuf,
-    settings: Settings,
-}
-
-impl Launch {
-    async fn spawn(&self) -> Result<(tokio::process::Child, String), Error> {
-        use tokio::io::AsyncBufReadExt;
-        std::fs::write(&self.plan_file, serde_json::to_string_pretty(&self.plan)?)?;
-        let s = &self.settings;
-        let mut child = tokio::process::Command::new(&self.bin)
-            .args([
-                "serve",
-                "--database-url",
-                &self.db,
-                "--listen",
-                "127.0.0.1:0",
-            ])
-            .args(["--node", &self.node])
-            .args(["--lease-ms", &s.lease_ms.to_string()])
-            .args(["--recovery-interval-ms", "100"])
-            .args(["--retry-interval-ms", &s.retry_interval_ms.to_string()])
-            .args([
-                "--max-retry-interval-ms",
-                &s.max_retry_interval_ms.to_string(),
-            ])
-            .args(["--max-attempts", &s.max_attempts.to_string()])
-            .args(["--request-timeout-ms", &s.request_timeout_ms.to_string()])
-            .args(["--prepared-timeout-ms", &s.prepared_timeout_ms.to_string()])
-            .args(["--sqlite-full-sync", "false", "--max-connections", "8"])
-            .arg("--fault-plan")
-            .arg(&self.plan_file)
-            .arg("--record")
-            .arg(&self.timeline)
-            .env("RUST_LOG", "error")
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
-        let stdout = child.stdout.take().expect("piped");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .map_err(|_| "idem serve did not start in 30 s")??
-            .ok_or("idem serve exited before listening")?;
-        let url = first
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .ok_or_else(|| format!("unexpected first line from idem serve: {first}"))?
-            .to_owned();
-        // Keep reading so the child never writes into a closed pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok((child, url))
-    }
-
-    /// The crash rules that already fired for this node leave the plan, so a restarted
-    /// coordinator does not crash at the same point again forever.
-    fn drop_fired_crashes(&mut self) {
-        let fired: Vec<(crate::engine::Point, String)> = Timeline::read(&self.timeline)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|e| match e {
-                TimelineEvent::Crash {
-                    point,
-                    gid,
-                    node,
-                    action: CrashAction::Crash,
-                    ..
-                } if node == self.node => Some((point, gid)),
-                _ => None,
-            })
-            .collect();
-        self.plan.crashes.retain(|c| {
-            !fired.iter().any(|(point, gid)| {
-                c.point == *point
-                    && c.node.as_deref().is_none_or(|n| n == self.node)
-                    && c.gid.as_deref().is_none_or(|p| crate::faults::glob(p, gid))
-            })
-        });
-    }
-}
-
-impl Coordinators {
-    async fn start(
-        scenario: &Scenario,
-        config: &RunConfig,
-        timeline: &Path,
-    ) -> Result<Coordinators, Error> {
-        let n = scenario.coordinators.max(1);
-        let urls = Arc::new(RwLock::new(vec![String::new(); n]));
-        let pids = Arc::new(RwLock::new(vec![None; n]));
-        let restarts = Arc::new(AtomicU32::new(0));
-        let stopping = Arc::new(AtomicBool::new(false));
-        let mut tasks = Vec::new();
-        for i in 0..n {
-            let mut launch = Launch {
-                bin: config.idem_bin.clone(),
-                db: config.coordinator_db.clone(),
-                node: format!("c{i}"),
-                plan: scenario.plan.clone(),
-                plan_file: config.work_dir.join(format!("plan-c{i}.json")),
-                timeline: timeline.to_owned(),
-                settings: scenario.settings.clone(),
-            };
-            let (mut child, url) = launch.spawn().await?;
-            urls.write().expect("poisoned")[i] = url;
-            pids.write().expect("poisoned")[i] = child.id();
-            let (urls, pids, restarts, stopping) = (
-                Arc::clone(&urls),
-                Arc::clone(&pids),
-                Arc::clone(&restarts),
-                Arc::clone(&stopping),
-            );
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    let _ = child.wait().await;
-                    if stopping.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    restarts.fetch_add(1, Ordering::SeqCst);
-                    launch.drop_fired_crashes();
-                    match launch.spawn().await {
-                        Ok((c, url)) => {
-                            pids.write().expect("poisoned")[i] = c.id();
-                            urls.write().expect("poisoned")[i] = url;
-                            child = c;
-                        }
-                        Err(e) => {
-                            eprintln!("cannot restart coordinator c{i}: {e}");
-                            return;
-                        }
-                    }
-                }
-            }));
-        }
-        Ok(Coordinators {
-            urls,
-            restarts,
-            stopping,
-            pids,
-            tasks,
-        })
-    }
-
-    fn url(&self, i: usize) -> String {
-        let urls = self.urls.read().expect("poisoned");
-        urls[i % urls.len()].clone()
-    }
-
-    fn count(&self) -> usize {
-        self.urls.read().expect("poisoned").len()
-    }
-
-    /// SIGKILL coordinator `i` (the supervisor restarts it).
-    fn kill(&self, i: usize) {
-        if let Some(pid) = self.pids.read().expect("poisoned")[i] {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-        }
-    }
-
-    async fn stop(self) -> u32 {
-        self.stopping.store(true, Ordering::SeqCst);
-        for i in 0..self.count() {
-            self.kill(i);
-        }
-        for t in self.tasks {
-            let _ = t.await;
-        }
-        self.restarts.load(Ordering::SeqCst)
-    }
-}
-
-// ---- the client ------------------------------------------------------------------------
-
-struct Client {
-    http: reqwest::Client,
-    coordinators: Arc<Coordinators>,
-    urls: BTreeMap<Participant, String>,
-    settings: Settings,
-}
-
-/// How long the client keeps retrying one request while coordinators restart.
-const REQUEST_PATIENCE: Duration = Duration::from_secs(90);
-
-impl Client {
-    /// Sends a request to coordinator `via`, retrying while it is down or restarting. A
-    /// request whose coordinator died under it is simply repeated: the gid makes it safe.
-    async fn api(
-        &self,
-        via: usize,
-        path: &str,
-        body: Option<Value>,
-    ) -> Result<(u16, Value), Error> {
-        let deadline = Instant::now() + REQUEST_PATIENCE;
-        let mut coordinator = via;
-        loop {
-            let url = format!("{}{path}", self.coordinators.url(coordinator));
-            let request = match &body {
-                Some(b) => self.http.post(&url).json(b),
-                None => self.http.get(&url),
-            };
-            match request.timeout(Duration::from_secs(30)).send().await {
-                Ok(r) if r.status().as_u16() != 503 && r.status().as_u16() < 500 => {
-                    let code = r.status().as_u16();
-                    return Ok((code, r.json().await.unwrap_or(Value::Null)));
-                }
-                _ if Instant::now() > deadline => {
-                    return Err(format!(
-                        "coordinators did not answer {path} for {REQUEST_PATIENCE:?}"
-                    )
-                    .into());
-                }
-                _ => {
-                    // Down or restarting: try again, on another coordinator if there is one.
-                    coordinator += 1;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    }
-
-    async fn call_try(&self, order: &Order, index: usize) -> u16 {
-        let branch = &order.branches[index];
-        let Ok(mut url) = reqwest::Url::parse(&self.urls[&branch.participant]) else {
-            return 0;
-        };
-        url.query_pairs_mut()
-            .append_pair("gid", &order.gid)
-            .append_pair("trans_type", "tcc")
-            .append_pair("branch_id", &branch_id(index))
-            .append_pair("op", "try");
-        let result = self
-            .http
-            .post(url)
-            .json(&branch.payload)
-            .timeout(Duration::from_millis(self.settings.try_timeout_ms))
-            .send()
-            .await;
-        match result {
-            Ok(r) => r.status().as_u16(),
-            Err(_) => 0,
-        }
-    }
-
-    async fn wait_settled(&self, via: usize, gid: &str) -> Result<Value, Error> {
-        let deadline = Instant::now() + REQUEST_PATIENCE;
-        loop {
-            let (code, tx) = self
-                .api(via, &format!("/api/v1/transactions/{gid}"), None)
-                .await?;
-            let status = tx["status"].as_str().unwrap_or("");
-            if code == 200 && matches!(status, "succeeded" | "failed" | "stalled") {
-                return Ok(tx);
-            }
-            if Instant::now() > deadline {
-                return Err(format!("{gid} did not settle: {tx}").into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Runs one order to its end; returns whether it was stalled before a retry.
-    async fn run(&self, order: &Order, via: usize) -> Result<bool, Error> {
-        let gid = &order.gid;
-        // TCC: how many branches the client got to (registered and tried).
-        let mut tried = 0;
-        let tx = match order.kind {
-            Kind::Saga => {
-                let steps: Vec<Value> = order
-                    .branches
-                    .iter()
-                    .map(|b| {
-                        let url = &self.urls[&b.participant];
-                        json!({"action": url, "compensate": url, "payload": b.payload})
-                    })
-                    .collect();
-                let body = json!({"gid": gid, "kind": "saga", "steps": steps});
-                let (code, answer) = self.api(via, "/api/v1/transactions", Some(body)).await?;
-                if code >= 400 {
-                    return Err(format!("{gid}: create failed: {answer}").into());
-                }
-                self.wait_settled(via, gid).await?
-            }
-            Kind::Tcc | Kind::Msg => {
-                let (code, answer) = self
-                    .api(
-                        via,
-                        "/api/v1/transactions",
-                        Some(json!({"gid": gid, "kind": "tcc"})),
-                    )
-                    .await?;
-                if code >= 400 {
-                    return Err(format!("{gid}: create failed: {answer}").into());
-                }
-                let mut refused = None;
-                for (i, b) in order.branches.iter().enumerate() {
-                    tried = i + 1;
-                    let url = &self.urls[&b.participant];
-                    let body = json!({"branch_id": branch_id(i), "confirm": url, "cancel": url, "payload": b.payload});
-                    let (code, answer) = self
-                        .api(
-                            via,
-                            &format!("/api/v1/transactions/{gid}/branches"),
-                            Some(body),
-                        )
-                        .await?;
-                    if code != 200 {
-                        refused = Some(format!("register {}: {answer}", branch_id(i)));
-                        break;
-                    }
-                    let status = self.call_try(order, i).await;
-                    if !(200..300).contains(&status) {
-                        refused = Some(format!("Try of {} answered {status}", branch_id(i)));
-                        break;
-                    }
-                }
-                let (path, body) = match (&refused, order.abort) {
-                    (None, false) => (format!("/api/v1/transactions/{gid}/submit"), json!({})),
-                    (why, _) => (
-                        format!("/api/v1/transactions/{gid}/abort"),
-                        json!({"reason": why.clone().unwrap_or_else(|| "the client aborts".into())}),
-                    ),
-                };
-                let (code, answer) = self.api(via, &path, Some(body)).await?;
-                if code >= 400 && code != 409 {
-                    return Err(format!("{gid}: {path}: {answer}").into());
-                }
-                self.wait_settled(via, gid).await?
-            }
-        };
-        let mut stalled = false;
-        if tx["status"] == "stalled" && order.retry_if_stalled {
-            stalled = true;
-            self.api(
-                via,
-                &format!("/api/v1/transactions/{gid}/retry"),
-                Some(json!({})),
-            )
-            .await?;
-            self.wait_settled(via, gid).await?;
-        }
-        if order.late_try && order.kind == Kind::Tcc {
-            for i in 0..tried {
-                self.call_try(order, i).await;
-            }
-        }
-        Ok(stalled)
-    }
-}
-
 pub fn branch_id(index: usize) -> String {
     crate::core::step_branch_id(index)
 }
 
 // ---- running ---------------------------------------------------------------------------
-
-/// The participant services of a run.
-pub struct Participants {
-    pub inventory: sqlx::AnyPool,
-    pub payment: sqlx::AnyPool,
-    pub coupon: sqlx::AnyPool,
-    services: Vec<idem_demo::Service>,
-    pub faults: Arc<ParticipantFaults>,
-    pub urls: BTreeMap<Participant, String>,
-}
-
-impl Participants {
-    pub async fn start(scenario: &Scenario, config: &RunConfig) -> Result<Participants, Error> {
-        let faults = ParticipantFaults::new(Arc::new(scenario.plan.clone()));
-        let inventory_db = inventory::open(&config.inventory_db).await?;
-        let payment_db = payment::open(&config.payment_db).await?;
-        let coupon_db = coupon::open(&config.coupon_db).await?;
-        for (sku, n) in &scenario.stock {
-            inventory::seed(&inventory_db, sku, *n).await?;
-        }
-        for (account, n) in &scenario.accounts {
-            payment::seed(&payment_db, account, *n).await?;
-        }
-        for (code, n) in &scenario.campaigns {
-            coupon::seed(&coupon_db, code, *n).await?;
-        }
-        let layer = |router: axum::Router| {
-            router.layer(axum::middleware::from_fn_with_state(
-                Arc::clone(&faults),
-                participant_faults,
-            ))
-        };
-        let inv = idem_demo::spawn(
-            layer(inventory::router(inventory_db.clone())),
-            "127.0.0.1:0",
-        )
-        .await?;
-        let pay =
-            idem_demo::spawn(layer(payment::router(payment_db.clone())), "127.0.0.1:0").await?;
-        let cou = idem_demo::spawn(layer(coupon::router(coupon_db.clone())), "127.0.0.1:0").await?;
-        let urls = BTreeMap::from([
-            (Participant::Inventory, inv.url(inventory::RESERVE_PATH)),
-            (Participant::Payment, pay.url(payment::FREEZE_PATH)),
-            (Participant::Coupon, cou.url(coupon::ISSUE_PATH)),
-        ]);
-        Ok(Participants {
-            inventory: inventory_db,
-            payment: payment_db,
-            coupon: coupon_db,
-            services: vec![inv, pay, cou],
-            faults,
-            urls,
-        })
-    }
-
-    pub async fn stop(self) {
-        for s in self.services {
-            let _ = s.stop().await;
-        }
-        self.inventory.close().await;
-        self.payment.close().await;
-        self.coupon.close().await;
-    }
-}
 
 /// Runs a scenario and checks it. The report lists every violation found.
 pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Error> {
@@ -761,14 +264,14 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     let started = Instant::now();
     let timeline_file = config.work_dir.join("timeline.jsonl");
     let _ = std::fs::remove_file(&timeline_file);
-    let participants = Participants::start(scenario, config).await?;
+    let outages = Outages::new(scenario);
+    let participants = Participants::start(scenario, config, &outages).await?;
     let coordinators = Arc::new(Coordinators::start(scenario, config, &timeline_file).await?);
-    let client = Arc::new(Client {
-        http: reqwest::Client::new(),
-        coordinators: Arc::clone(&coordinators),
-        urls: participants.urls.clone(),
-        settings: scenario.settings.clone(),
-    });
+    let client = Arc::new(Client::new(
+        Arc::clone(&coordinators),
+        participants.urls.clone(),
+        scenario.settings.clone(),
+    ));
 
     let killer = scenario.settings.kill_every_ms.map(|every| {
         let coordinators = Arc::clone(&coordinators);
@@ -797,10 +300,19 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     for (i, order) in scenario.orders.iter().cloned().enumerate() {
         let permit = Arc::clone(&semaphore).acquire_owned().await?;
         let client = Arc::clone(&client);
+        let outages = Arc::clone(&outages);
         let bar = progress.clone();
         tasks.push(tokio::spawn(async move {
-            let result = client.run(&order, i).await;
+            let settled = client.run(&order, i).await;
+            // A stalled order waiting for its outage to heal must not hold a slot: the
+            // outage heals only once every order it hits has been started and settled.
             drop(permit);
+            outages.settled(&order.gid);
+            outages.healed(&order.gid).await;
+            let result = match settled {
+                Ok(tx) => client.operate(&order, i, tx).await,
+                Err(e) => Err(e),
+            };
             if let Some(bar) = bar {
                 bar.inc(1);
             }
@@ -814,8 +326,11 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     for t in tasks {
         let (gid, result) = t.await?;
         match result {
-            Ok(true) => report.stalled_seen.push(gid),
-            Ok(false) => {}
+            Ok(0) => {}
+            Ok(retries) => {
+                report.stalled_seen.push(gid.clone());
+                report.operator_retries.insert(gid, retries);
+            }
             Err(e) => report
                 .violations
                 .push(format!("{gid}: the client could not finish: {e}")),
@@ -860,6 +375,7 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     report.restarts = coordinators.stop().await;
     report.timeline = Timeline::read(&timeline_file).unwrap_or_default();
     report.deliveries = participants.faults.deliveries();
+    outages.record(&mut report);
     checks::collect(scenario, &participants, &mut report).await?;
     checks::check(scenario, &mut report);
     participants.stop().await;

@@ -1,0 +1,196 @@
+//! Coordinator child processes (`idem serve`), restarted by a supervisor when they die.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use super::{Error, RunConfig, Scenario, Settings};
+use crate::faults::{CrashAction, FaultPlan, Timeline, TimelineEvent};
+
+/// Coordinator child processes, restarted when they die.
+pub(super) struct Coordinators {
+    urls: Arc<RwLock<Vec<String>>>,
+    restarts: Arc<AtomicU32>,
+    stopping: Arc<AtomicBool>,
+    pids: Arc<RwLock<Vec<Option<u32>>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+struct Launch {
+    bin: PathBuf,
+    db: String,
+    node: String,
+    plan: FaultPlan,
+    plan_file: PathBuf,
+    timeline: PathBuf,
+    settings: Settings,
+}
+
+impl Launch {
+    async fn spawn(&self) -> Result<(tokio::process::Child, String), Error> {
+        use tokio::io::AsyncBufReadExt;
+        std::fs::write(&self.plan_file, serde_json::to_string_pretty(&self.plan)?)?;
+        let s = &self.settings;
+        let mut child = tokio::process::Command::new(&self.bin)
+            .args([
+                "serve",
+                "--database-url",
+                &self.db,
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--node", &self.node])
+            .args(["--lease-ms", &s.lease_ms.to_string()])
+            .args(["--recovery-interval-ms", "100"])
+            .args(["--retry-interval-ms", &s.retry_interval_ms.to_string()])
+            .args([
+                "--max-retry-interval-ms",
+                &s.max_retry_interval_ms.to_string(),
+            ])
+            .args(["--max-attempts", &s.max_attempts.to_string()])
+            .args(["--request-timeout-ms", &s.request_timeout_ms.to_string()])
+            .args(["--prepared-timeout-ms", &s.prepared_timeout_ms.to_string()])
+            .args(["--sqlite-full-sync", "false", "--max-connections", "8"])
+            .arg("--fault-plan")
+            .arg(&self.plan_file)
+            .arg("--record")
+            .arg(&self.timeline)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .map_err(|_| "idem serve did not start in 30 s")??
+            .ok_or("idem serve exited before listening")?;
+        let url = first
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .ok_or_else(|| format!("unexpected first line from idem serve: {first}"))?
+            .to_owned();
+        // Keep reading so the child never writes into a closed pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok((child, url))
+    }
+
+    /// The crash rules that already fired for this node leave the plan, so a restarted
+    /// coordinator does not crash at the same point again forever.
+    fn drop_fired_crashes(&mut self) {
+        let fired: Vec<(crate::engine::Point, String)> = Timeline::read(&self.timeline)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|e| match e {
+                TimelineEvent::Crash {
+                    point,
+                    gid,
+                    node,
+                    action: CrashAction::Crash,
+                    ..
+                } if node == self.node => Some((point, gid)),
+                _ => None,
+            })
+            .collect();
+        self.plan.crashes.retain(|c| {
+            !fired.iter().any(|(point, gid)| {
+                c.point == *point
+                    && c.node.as_deref().is_none_or(|n| n == self.node)
+                    && c.gid.as_deref().is_none_or(|p| crate::faults::glob(p, gid))
+            })
+        });
+    }
+}
+
+impl Coordinators {
+    pub(super) async fn start(
+        scenario: &Scenario,
+        config: &RunConfig,
+        timeline: &Path,
+    ) -> Result<Coordinators, Error> {
+        let n = scenario.coordinators.max(1);
+        let urls = Arc::new(RwLock::new(vec![String::new(); n]));
+        let pids = Arc::new(RwLock::new(vec![None; n]));
+        let restarts = Arc::new(AtomicU32::new(0));
+        let stopping = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let mut launch = Launch {
+                bin: config.idem_bin.clone(),
+                db: config.coordinator_db.clone(),
+                node: format!("c{i}"),
+                plan: scenario.plan.clone(),
+                plan_file: config.work_dir.join(format!("plan-c{i}.json")),
+                timeline: timeline.to_owned(),
+                settings: scenario.settings.clone(),
+            };
+            let (mut child, url) = launch.spawn().await?;
+            urls.write().expect("poisoned")[i] = url;
+            pids.write().expect("poisoned")[i] = child.id();
+            let (urls, pids, restarts, stopping) = (
+                Arc::clone(&urls),
+                Arc::clone(&pids),
+                Arc::clone(&restarts),
+                Arc::clone(&stopping),
+            );
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let _ = child.wait().await;
+                    if stopping.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    restarts.fetch_add(1, Ordering::SeqCst);
+                    launch.drop_fired_crashes();
+                    match launch.spawn().await {
+                        Ok((c, url)) => {
+                            pids.write().expect("poisoned")[i] = c.id();
+                            urls.write().expect("poisoned")[i] = url;
+                            child = c;
+                        }
+                        Err(e) => {
+                            eprintln!("cannot restart coordinator c{i}: {e}");
+                            return;
+                        }
+                    }
+                }
+            }));
+        }
+        Ok(Coordinators {
+            urls,
+            restarts,
+            stopping,
+            pids,
+            tasks,
+        })
+    }
+
+    pub(super) fn url(&self, i: usize) -> String {
+        let urls = self.urls.read().expect("poisoned");
+        urls[i % urls.len()].clone()
+    }
+
+    pub(super) fn count(&self) -> usize {
+        self.urls.read().expect("poisoned").len()
+    }
+
+    /// SIGKILL coordinator `i` (the supervisor restarts it).
+    pub(super) fn kill(&self, i: usize) {
+        if let Some(pid) = self.pids.read().expect("poisoned")[i] {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+
+    pub(super) async fn stop(self) -> u32 {
+        self.stopping.store(true, Ordering::SeqCst);
+        for i in 0..self.count() {
+            self.kill(i);
+        }
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.restarts.load(Ordering::SeqCst)
+    }
+}

@@ -1,0 +1,148 @@
+//! What a run did and found.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::OutageHit;
+use crate::core::Status;
+use crate::faults::{CallKey, Delivery, TimelineEvent, fault_signature};
+
+/// What a run did and found.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Report {
+    pub name: String,
+    pub statuses: BTreeMap<String, Status>,
+    /// Gids that were stalled at some point before an operator retry.
+    pub stalled_seen: Vec<String>,
+    /// How many times the operator retried each of them (more than once only when the
+    /// transaction stalled again after a retry).
+    #[serde(default)]
+    pub operator_retries: BTreeMap<String, u32>,
+    /// Calls refused by a long outage.
+    #[serde(default)]
+    pub outage_hits: Vec<OutageHit>,
+    /// When each outage was healed.
+    #[serde(default)]
+    pub healed_at: BTreeMap<String, crate::core::Millis>,
+    pub attempts: BTreeMap<String, i32>,
+    pub stock: BTreeMap<String, [i64; 3]>,
+    pub balances: BTreeMap<String, i64>,
+    pub coupons: BTreeMap<String, usize>,
+    pub timeline: Vec<TimelineEvent>,
+    pub deliveries: Vec<Delivery>,
+    /// Coordinator processes restarted after a SIGKILL or a crash point.
+    pub restarts: u32,
+    pub violations: Vec<String>,
+    pub wall_ms: u64,
+}
+
+impl Report {
+    /// Faults fired on both sides.
+    pub fn faults(&self) -> usize {
+        fault_signature(&self.timeline).len() + self.participant_faults().len()
+    }
+
+    pub fn participant_faults(&self) -> Vec<(CallKey, String)> {
+        let mut out: Vec<(CallKey, String)> = self
+            .deliveries
+            .iter()
+            .filter_map(|d| d.fault.clone().map(|f| (d.call.clone(), f)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Calls made to participants: idem's (from the timeline) and the client's Trys.
+    pub fn calls(&self) -> usize {
+        let by_idem = self
+            .timeline
+            .iter()
+            .filter(|e| matches!(e, TimelineEvent::Call { .. }))
+            .count();
+        let tries = self
+            .deliveries
+            .iter()
+            .filter(|d| d.call.op == "try")
+            .count();
+        by_idem + tries
+    }
+
+    /// A summary: how many transactions ended how, faults, restarts, violations, time.
+    pub fn summary(&self) -> String {
+        let mut by_status: BTreeMap<&str, usize> = BTreeMap::new();
+        for s in self.statuses.values() {
+            *by_status.entry(s.as_str()).or_default() += 1;
+        }
+        let calls = self.calls().max(1);
+        let mut lines = vec![
+            format!(
+                "transactions: {} ({})",
+                self.statuses.len(),
+                by_status
+                    .iter()
+                    .map(|(s, n)| format!("{n} {s}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            format!(
+                "participant calls: {}, faults fired: {} ({:.1} % of calls; {} by idem's transport, {} in front of participants)",
+                calls,
+                self.faults(),
+                100.0 * self.faults() as f64 / calls as f64,
+                fault_signature(&self.timeline).len(),
+                self.participant_faults().len()
+            ),
+            format!(
+                "coordinator restarts after SIGKILL or crash: {}",
+                self.restarts
+            ),
+        ];
+        if !self.healed_at.is_empty() || !self.outage_hits.is_empty() {
+            let met: BTreeSet<&str> = self.outage_hits.iter().map(|h| h.gid.as_str()).collect();
+            lines.push(format!(
+                "long outages: {} healed, {} calls refused while down, {} orders met one",
+                self.healed_at.len(),
+                self.outage_hits.len(),
+                met.len()
+            ));
+        }
+        let retries: u32 = self.operator_retries.values().sum();
+        let mut stalled = format!(
+            "stalled, then retried by the operator: {}",
+            self.stalled_seen.len()
+        );
+        if retries as usize > self.stalled_seen.len() {
+            stalled.push_str(&format!(" ({retries} retries: some stalled again)"));
+        }
+        lines.push(stalled);
+        lines.push(format!("violations: {}", self.violations.len()));
+        lines.push(format!("wall time: {:.1} s", self.wall_ms as f64 / 1_000.0));
+        lines.join("\n")
+    }
+
+    /// The timeline in a readable form, in time order.
+    pub fn describe_timeline(&self) -> Vec<String> {
+        let mut events: Vec<&TimelineEvent> = self.timeline.iter().collect();
+        events.sort_by_key(|e| e.at());
+        let mut lines: Vec<String> = events.iter().map(|e| e.describe()).collect();
+        for d in &self.deliveries {
+            if let Some(f) = &d.fault {
+                lines.push(format!(
+                    "{} {}/{} #{} at the participant -> HTTP {}  [fault: {f}]",
+                    d.call.gid, d.call.branch_id, d.call.op, d.call.attempt, d.status
+                ));
+            }
+        }
+        for h in &self.outage_hits {
+            lines.push(format!(
+                "{} {}/{} at the participant -> refused  [long outage {}]",
+                h.gid, h.branch_id, h.op, h.outage
+            ));
+        }
+        for outage in self.healed_at.keys() {
+            lines.push(format!("long outage {outage} healed by the runner"));
+        }
+        lines
+    }
+}
