@@ -563,6 +563,8 @@ pub struct BranchView {
     pub attempts: i32,
     pub next_attempt_at: Option<Millis>,
     pub last_error: Option<String>,
+    /// When it first answered "in progress" in its current run of such answers.
+    pub in_progress_since: Option<Millis>,
     pub updated_at: Millis,
     pub finished_at: Option<Millis>,
 }
@@ -596,6 +598,7 @@ impl TxView {
                     attempts: b.attempts,
                     next_attempt_at: b.next_attempt_at,
                     last_error: b.last_error.clone(),
+                    in_progress_since: b.in_progress_since,
                     updated_at: b.updated_at,
                     finished_at: b.finished_at,
                 })
