@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::recorder::Recorder;
-use common::{Api, Child};
+use common::{Api, Child, idem_cli};
 use idem_participant::testing::{self, Backend, TestDatabase};
 use serde_json::{Value, json};
 
@@ -38,20 +38,6 @@ fn branch(p: &Recorder, id: &str) -> Value {
 }
 
 const FOREVER: usize = 1_000_000;
-
-fn idem_cli(args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("idem runs");
-    assert!(
-        out.status.success(),
-        "idem {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// Seen: a TCC with two branches whose Confirms always answer 500 stayed `committing`
 /// forever, calling the Confirms on every recovery cycle.

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::recorder::{Call, Recorder};
-use common::{Api, Child};
+use common::{Api, Child, idem_cli};
 use idem_participant::testing::{Backend, TestDatabase};
 use serde_json::json;
 
@@ -300,20 +300,6 @@ async fn paused_owner_cannot_overwrite_mariadb() {
     if let Some(db) = TestDatabase::create(Backend::Mysql, "paused_owner_mysql").await {
         paused_owner(db).await;
     }
-}
-
-fn idem_cli(args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("idem runs");
-    assert!(
-        out.status.success(),
-        "idem {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The operator's commands against the database a running server uses.

@@ -210,3 +210,19 @@ impl Drop for Child {
         let _ = self.process.wait();
     }
 }
+
+/// Runs the `idem` command (an operator's tool) and returns what it printed; panics when it
+/// fails.
+pub fn idem_cli(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("idem runs");
+    assert!(
+        out.status.success(),
+        "idem {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

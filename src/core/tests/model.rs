@@ -532,13 +532,21 @@ impl Driver {
             // The client goes away: the timeout decides.
             _ => None,
         };
-        Ok(match decision {
-            Some(t) => t,
+        self.or_at_the_timeout(decision)
+    }
+
+    /// The client's decision, or, when it made none, the coordinator waking at the timeout.
+    fn or_at_the_timeout(
+        &mut self,
+        decision: Option<Transition>,
+    ) -> Result<Transition, TestCaseError> {
+        match decision {
+            Some(t) => Ok(t),
             None => {
                 self.now = self.stored.timeout_at.unwrap_or(self.now);
-                self.resume()?
+                self.resume()
             }
-        })
+        }
     }
 
     fn client_msg(&mut self) -> Result<Transition, TestCaseError> {
@@ -550,13 +558,7 @@ impl Driver {
             })?,
             _ => None,
         };
-        Ok(match decision {
-            Some(t) => t,
-            None => {
-                self.now = self.stored.timeout_at.unwrap_or(self.now);
-                self.resume()?
-            }
-        })
+        self.or_at_the_timeout(decision)
     }
 
     fn check_protocol(&self, end: &Transaction) -> Result<(), TestCaseError> {
