@@ -25,7 +25,7 @@ macro_rules! bind_global_update {
             .bind(after.attempts)
             .bind(after.next_attempt_at)
             .bind($crate::store::sql::clip(&after.last_error))
-            .bind(after.reason.as_deref())
+            .bind($crate::store::sql::clip(&after.reason))
             .bind(after.timeout_at)
             .bind(after.updated_at)
             .bind(after.finished_at)
@@ -55,7 +55,7 @@ macro_rules! bind_global_insert {
             .bind(tx.attempts)
             .bind(tx.next_attempt_at)
             .bind($crate::store::sql::clip(&tx.last_error))
-            .bind(tx.reason.as_deref())
+            .bind($crate::store::sql::clip(&tx.reason))
             .bind(lease.map(|l| l.token.as_str()))
             .bind(lease.map(|l| l.until))
             .bind(0i64)
@@ -523,7 +523,8 @@ fn q<DB: Database>(sql: &Arc<str>) -> sqlx::query::Query<'static, DB, DB::Argume
     sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
 }
 
-/// Errors longer than this are cut before they are stored.
+/// Error texts and reasons longer than this are cut before they are stored (the API refuses
+/// longer client reasons; idem's own can quote a participant's answer).
 const MAX_ERROR_LEN: usize = 2_000;
 
 pub(super) fn clip(s: &Option<String>) -> Option<&str> {
