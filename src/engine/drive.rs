@@ -1,0 +1,322 @@
+//! Driving a transaction: rounds of calls, stored before the calls they make due; leases.
+
+use std::sync::Arc;
+
+use super::*;
+
+impl Engine {
+    // ---- driving ---------------------------------------------------------------------
+
+    /// Drives `tx` (as stored, owned under `lease`) from the effects of `t` in a new task.
+    pub(super) fn start(self: Arc<Self>, stored: StoredTx, lease: Lease, t: Transition) {
+        self.driving
+            .lock()
+            .expect("poisoned")
+            .insert(stored.tx.gid.clone(), lease.token.clone());
+        tokio::spawn(async move {
+            let gid = stored.tx.gid.clone();
+            let token = lease.token.clone();
+            self.drive(stored, lease, t).await;
+            let mut driving = self.driving.lock().expect("poisoned");
+            if driving.get(&gid) == Some(&token) {
+                driving.remove(&gid);
+            }
+            drop(driving);
+            self.notify(&gid);
+        });
+    }
+
+    pub(super) fn is_driving(&self, gid: &str) -> bool {
+        self.driving.lock().expect("poisoned").contains_key(gid)
+    }
+
+    pub(super) async fn drive(&self, mut stored: StoredTx, mut lease: Lease, mut t: Transition) {
+        let gid = stored.tx.gid.clone();
+        let mut current = stored.tx.clone();
+        let mut attempts: Vec<AttemptRecord> = Vec::new();
+        let mut after_round = false;
+        loop {
+            if t.persists() {
+                let decision = is_decision(&current, &t.tx);
+                if decision {
+                    self.observer.point(Point::BeforeDecisionStored, &gid);
+                }
+                let now = self.clock.now();
+                let next_lease = self.lease_for(&t, now, &lease.token);
+                let save = Save {
+                    before: &current,
+                    after: &t.tx,
+                    guard: Guard::Owner(&lease.token),
+                    lease: next_lease.as_ref(),
+                    attempts: &attempts,
+                };
+                match self.save_with_retries(save).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::info!(
+                            gid,
+                            "another coordinator owns this transaction now; stopping"
+                        );
+                        self.observer.fenced(&gid);
+                        return;
+                    }
+                    Err(e) if e.is_permanent() => {
+                        // Resuming would send this round's calls again, forever.
+                        let reason = format!("cannot store progress: {e}");
+                        self.stall(&current, &mut stored, &lease, reason).await;
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(gid, error = %e, "cannot store progress; leaving it to recovery");
+                        return;
+                    }
+                }
+                attempts.clear();
+                stored.tx = t.tx.clone();
+                stored.version += 1;
+                stored.owner_token = next_lease.as_ref().map(|l| l.token.clone());
+                stored.lease_until = next_lease.as_ref().map(|l| l.until);
+                self.recent.put(stored.clone());
+                self.observe_status(&current, &t.tx);
+                if decision {
+                    self.observer.point(Point::AfterDecisionStored, &gid);
+                } else if after_round {
+                    self.observer.point(Point::AfterRoundStored, &gid);
+                }
+                after_round = false;
+                current = t.tx.clone();
+                match next_lease {
+                    Some(l) => lease = l,
+                    None => return,
+                }
+            }
+            let calls: Vec<BranchKey> = t.calls().cloned().collect();
+            if !calls.is_empty() {
+                let Some(renewed) = self.cover(&gid, &lease, self.longest_call(&current)).await
+                else {
+                    return;
+                };
+                lease = renewed;
+                let answers = self.round(&current, &calls).await;
+                self.observer.point(Point::AfterCallsBeforeRecord, &gid);
+                after_round = true;
+                let mut events = Vec::with_capacity(answers.len());
+                for (key, result, started_at) in answers {
+                    if result.outcome != core::CallOutcome::Success {
+                        let attempt = current.branch(&key).map_or(1, |b| b.attempts + 1);
+                        attempts.push(AttemptRecord {
+                            branch_id: key.branch_id.clone(),
+                            action: key.action,
+                            attempt,
+                            started_at,
+                            duration_ms: result.duration.as_millis() as i64,
+                            outcome: result.outcome.label().to_owned(),
+                            detail: result.outcome.detail().map(str::to_owned),
+                        });
+                    }
+                    events.push(Event::Outcome {
+                        key,
+                        outcome: result.outcome,
+                    });
+                }
+                t = match core::apply_all(&current, &events, self.ctx()) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        // A bug, not a condition: recovery would meet it again and again.
+                        let reason = format!("the answers of a round do not fit the state: {e}");
+                        self.stall(&current, &mut stored, &lease, reason).await;
+                        return;
+                    }
+                };
+                continue;
+            }
+            match t.effects.iter().find(|e| !matches!(e, Effect::Persist)) {
+                Some(Effect::WakeAt(at)) => {
+                    let wait = at - self.clock.now();
+                    if wait > self.config.hold_ms {
+                        // Hand the row back: the lease lapses now and the recovery loop of
+                        // any coordinator picks it up when it is due.
+                        let now = self.clock.now();
+                        let _ = self.store.renew(&gid, &lease.token, now).await;
+                        return;
+                    }
+                    let Some(renewed) = self.cover(&gid, &lease, wait.max(0)).await else {
+                        return;
+                    };
+                    lease = renewed;
+                    if wait > 0 {
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_millis(wait as u64)) => {}
+                            _ = self.shutdown.notified() => return,
+                        }
+                    }
+                    t = match core::apply(&current, &Event::Wake, self.ctx()) {
+                        Ok(t) => t,
+                        Err(_) => return,
+                    };
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Stalls a transaction this driver owns, with the reason, after a failure that
+    /// recovery would only repeat. The write holds the global row alone, so it succeeds
+    /// where the round's write did not, unless the database is gone altogether.
+    pub(super) async fn stall(
+        &self,
+        current: &Transaction,
+        stored: &mut StoredTx,
+        lease: &Lease,
+        reason: String,
+    ) {
+        let gid = current.gid.as_str();
+        tracing::error!(
+            gid,
+            reason,
+            "stalling: nothing more is called until an operator retries"
+        );
+        let event = Event::Stall { reason };
+        let Ok(t) = core::apply(current, &event, self.ctx()) else {
+            return;
+        };
+        let save = Save {
+            before: current,
+            after: &t.tx,
+            guard: Guard::Owner(&lease.token),
+            lease: None,
+            attempts: &[],
+        };
+        match self.save_with_retries(save).await {
+            Ok(true) => {
+                stored.tx = t.tx.clone();
+                stored.version += 1;
+                stored.owner_token = None;
+                stored.lease_until = None;
+                self.recent.put(stored.clone());
+                self.observe_status(current, &t.tx);
+            }
+            Ok(false) => self.observer.fenced(gid),
+            Err(e) => {
+                tracing::error!(gid, error = %e, "cannot store the stall either; leaving it to recovery")
+            }
+        }
+    }
+
+    /// The lease to write with a new state: none once there is nothing more to do here,
+    /// otherwise long enough to cover the next wait.
+    pub(super) fn lease_for(&self, t: &Transition, now: Millis, token: &str) -> Option<Lease> {
+        let until = match t.effects.iter().find(|e| !matches!(e, Effect::Persist)) {
+            Some(Effect::Done(_)) | None => return None,
+            Some(Effect::WakeAt(at)) if at - now > self.config.hold_ms => return None,
+            Some(Effect::WakeAt(at)) => *at.max(&now) + self.config.lease_ms,
+            Some(_) => now + self.config.lease_ms,
+        };
+        Some(Lease {
+            token: token.to_owned(),
+            until,
+        })
+    }
+
+    pub(super) fn longest_call(&self, tx: &Transaction) -> Millis {
+        tx.options.request_timeout_ms as Millis
+    }
+
+    /// Makes sure the lease lasts `needed` ms more (plus margin), renewing it if not.
+    pub(super) async fn cover(&self, gid: &str, lease: &Lease, needed: Millis) -> Option<Lease> {
+        let now = self.clock.now();
+        let margin = self.config.lease_ms / 3;
+        if lease.until - now >= needed + margin {
+            return Some(lease.clone());
+        }
+        let until = now + needed + self.config.lease_ms;
+        match self.store.renew(gid, &lease.token, until).await {
+            Ok(true) => Some(Lease {
+                token: lease.token.clone(),
+                until,
+            }),
+            Ok(false) => {
+                tracing::info!(gid, "lease lost; stopping");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(gid, error = %e, "cannot renew lease; leaving it to recovery");
+                None
+            }
+        }
+    }
+
+    /// Stores a state, retrying transient database errors. Ok(false): the row is not ours.
+    pub(super) async fn save_with_retries(&self, save: Save<'_>) -> Result<bool, StoreError> {
+        let mut delay = Duration::from_millis(50);
+        let mut last = None;
+        for _ in 0..5 {
+            match self.store.save(save.clone()).await {
+                Ok(Saved::Saved) => return Ok(true),
+                Ok(Saved::Lost) => {
+                    // A retry after an error whose commit did land looks like a lost race:
+                    // check whether the stored row is exactly what we wrote.
+                    if last.is_some()
+                        && let Ok(Some(stored)) = self.store.load(&save.after.gid).await
+                    {
+                        let ours =
+                            stored.owner_token.as_deref() == save.lease.map(|l| l.token.as_str());
+                        if ours && stored.tx == *save.after {
+                            return Ok(true);
+                        }
+                    }
+                    return Ok(false);
+                }
+                Err(e) => {
+                    tracing::warn!(gid = save.after.gid, error = %e, "store write failed; retrying");
+                    last = Some(e);
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+            }
+        }
+        Err(last.expect("at least one error"))
+    }
+
+    /// Performs calls concurrently; returns each answer with the time it started.
+    pub(super) async fn round(
+        &self,
+        tx: &Transaction,
+        calls: &[BranchKey],
+    ) -> Vec<(BranchKey, crate::transport::CallResult, Millis)> {
+        let futures = calls.iter().map(|key| async move {
+            let branch = tx.branch(key).expect("planned calls name stored branches");
+            let request = self.call_request(tx, branch);
+            let _permit = self
+                .calls
+                .acquire()
+                .await
+                .expect("semaphore is never closed");
+            let started_at = self.clock.now();
+            let result = self.transport.call(&request).await;
+            self.observer.call(&request, &result, started_at);
+            (key.clone(), result, started_at)
+        });
+        join_all(futures).await
+    }
+
+    pub(super) fn call_request(&self, tx: &Transaction, branch: &Branch) -> CallRequest {
+        CallRequest {
+            gid: tx.gid.clone(),
+            kind: tx.kind,
+            branch_id: branch.branch_id.clone(),
+            action: branch.action,
+            url: branch.url.clone(),
+            payload: branch.payload.clone(),
+            timeout: Duration::from_millis(tx.options.request_timeout_ms.max(1)),
+            headers: tx.options.branch_headers.clone(),
+            protocol: tx.options.protocol,
+            attempt: (branch.attempts + 1).max(1) as u32,
+        }
+    }
+}
+
+/// A move into a phase whose calls must not go out before it is stored.
+pub(super) fn is_decision(before: &Transaction, after: &Transaction) -> bool {
+    before.status != after.status && matches!(after.status, Status::Committing | Status::Aborting)
+}

@@ -1,0 +1,272 @@
+//! The engine: drives global transactions by performing the core's effects.
+//!
+//! A transaction is driven by at most one coordinator at a time: the one whose owner token
+//! is on the row and whose lease has not expired. Client requests (submit, abort, retry,
+//! force-stop) take a transaction over with a write conditional on the status and version
+//! they read; the recovery loop takes over transactions whose lease expired (a crashed or
+//! paused coordinator) with a conditional claim. Every later write of the driver carries
+//! its token, so a coordinator that lost the row cannot overwrite the new owner's progress.
+//!
+//! Driving is a loop of rounds: perform the due calls concurrently, feed all their answers
+//! to the core at once, store the new state (one database transaction), repeat. A round's
+//! answers are stored before the calls they make due are sent; that is what lets recovery
+//! tell which saga steps may have reached a participant.
+
+mod clock;
+mod drive;
+mod recovery;
+mod requests;
+mod waiting;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::canonical::request_hash;
+use crate::core::{
+    self, Action, Branch, BranchKey, CoreError, Ctx, Effect, Event, Kind, Millis, SagaStep, Status,
+    Transaction, Transition, TxOptions,
+};
+use crate::store::{
+    AttemptRecord, Created, Guard, Lease, Registered, Save, Saved, Store, StoreError, StoredTx,
+};
+use crate::transport::{CallRequest, CallResult, Transport};
+
+pub use clock::{Clock, SystemClock};
+use drive::is_decision;
+use waiting::Recent;
+
+/// Engine settings; the server's defaults for transaction options are among them.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Names this coordinator in owner tokens and logs.
+    pub node: String,
+    /// How long a claim or a write keeps the transaction ours without a further write.
+    pub lease_ms: Millis,
+    /// How often the recovery loop looks for due transactions nobody drives.
+    pub recovery_interval: Duration,
+    /// Transactions claimed per recovery query.
+    pub claim_batch: u32,
+    /// A driver sleeps through a retry delay up to this long, keeping its lease; a longer
+    /// delay releases the transaction to the recovery loop.
+    pub hold_ms: Millis,
+    /// Options of transactions that do not set their own.
+    pub defaults: TxOptions,
+    /// Default global timeout of a prepared TCC or msg transaction.
+    pub prepared_timeout_ms: u64,
+    /// Calls to participants in flight at once, over all transactions.
+    pub max_concurrent_calls: usize,
+    /// Whether this process drives transactions. An operator's command-line tool does
+    /// not: its retry or force-stop releases the transaction to the servers instead.
+    pub drive: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            node: "idem".into(),
+            lease_ms: 15_000,
+            recovery_interval: Duration::from_secs(1),
+            claim_batch: 200,
+            hold_ms: 5_000,
+            defaults: TxOptions::default(),
+            prepared_timeout_ms: 60_000,
+            max_concurrent_calls: 1_024,
+            drive: true,
+        }
+    }
+}
+
+/// Named points in the driver, reported to the [`Observer`]. Fault plans crash the
+/// process at them to test recovery from exactly there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Point {
+    /// A commit or abort decision is about to be stored.
+    BeforeDecisionStored,
+    /// The decision is stored; no branch has been called yet.
+    AfterDecisionStored,
+    /// A round of calls came back but is not stored yet.
+    AfterCallsBeforeRecord,
+    /// A round's answers are stored.
+    AfterRoundStored,
+}
+
+impl Point {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Point::BeforeDecisionStored => "before_decision_stored",
+            Point::AfterDecisionStored => "after_decision_stored",
+            Point::AfterCallsBeforeRecord => "after_calls_before_record",
+            Point::AfterRoundStored => "after_round_stored",
+        }
+    }
+}
+
+/// Watches the engine: every call and its result, every stored status change, every named
+/// point. Recording and fault injection hang off this; the default does nothing.
+pub trait Observer: Send + Sync + 'static {
+    fn call(&self, _request: &CallRequest, _result: &CallResult, _started_at: Millis) {}
+    fn status(&self, _gid: &str, _from: Status, _to: Status, _at: Millis) {}
+    fn point(&self, _point: Point, _gid: &str) {}
+    /// This process tried to write progress but another coordinator owns the
+    /// transaction now: the write was refused and the driver stops.
+    fn fenced(&self, _gid: &str) {}
+}
+
+/// The observer that watches nothing.
+pub struct NoObserver;
+
+impl Observer for NoObserver {}
+
+/// Why a client or operator request failed. Each maps to one API error code.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("no transaction with gid {0:?}")]
+    NotFound(String),
+    #[error("gid {0:?} is already used by a different request")]
+    GidConflict(String),
+    #[error("branch {0} is already registered with a different URL or payload")]
+    BranchConflict(BranchKey),
+    #[error("{0}")]
+    InvalidState(CoreError),
+    #[error("the transaction is {0}; branches can only be registered while it is prepared")]
+    NotPrepared(Status),
+    #[error("the transaction kept changing under this request; try again")]
+    Contention,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A new saga, as the API receives it.
+#[derive(Clone, Debug)]
+pub struct NewSaga {
+    pub gid: String,
+    pub steps: Vec<SagaStep>,
+    pub options: TxOptions,
+    /// The canonical request, hashed to recognise a repeat.
+    pub request: serde_json::Value,
+}
+
+/// A new prepared transaction (TCC, or msg with its steps and back-check URL).
+#[derive(Clone, Debug)]
+pub struct NewPrepared {
+    pub gid: String,
+    pub kind: Kind,
+    pub options: TxOptions,
+    /// Msg: the actions, in order.
+    pub msg_steps: Vec<(String, String)>,
+    /// Msg: where to ask whether the application's local transaction committed.
+    pub query_prepared: Option<String>,
+    /// TCC: branches registered with the transaction, in the same database write.
+    pub branches: Vec<Branch>,
+    pub request: serde_json::Value,
+}
+
+/// The result of a create: the transaction as stored and whether this request created it.
+#[derive(Clone, Debug)]
+pub struct CreateOutcome {
+    pub stored: StoredTx,
+    pub created: bool,
+}
+
+pub struct Engine {
+    store: Arc<dyn Store>,
+    transport: Arc<dyn Transport>,
+    clock: Arc<dyn Clock>,
+    observer: Arc<dyn Observer>,
+    config: EngineConfig,
+    calls: Semaphore,
+    /// Transactions this process drives, with the token it drives them under.
+    driving: Mutex<HashMap<String, String>>,
+    recent: Recent,
+    waiters: Mutex<HashMap<String, Arc<Notify>>>,
+    shutdown: Notify,
+}
+
+/// How often a client request retries after losing a race with another writer.
+const CONTENTION_RETRIES: usize = 50;
+
+impl Engine {
+    pub fn new(
+        store: Arc<dyn Store>,
+        transport: Arc<dyn Transport>,
+        clock: Arc<dyn Clock>,
+        config: EngineConfig,
+    ) -> Arc<Engine> {
+        let calls = Semaphore::new(config.max_concurrent_calls.max(1));
+        Arc::new(Engine {
+            store,
+            transport,
+            clock,
+            observer: Arc::new(NoObserver),
+            config,
+            calls,
+            driving: Mutex::new(HashMap::new()),
+            recent: Recent::default(),
+            waiters: Mutex::new(HashMap::new()),
+            shutdown: Notify::new(),
+        })
+    }
+
+    /// Replaces the observer (before any work starts).
+    pub fn with_observer(self: Arc<Self>, observer: Arc<dyn Observer>) -> Arc<Engine> {
+        let mut engine =
+            Arc::into_inner(self).expect("with_observer is called before the engine is shared");
+        engine.observer = observer;
+        Arc::new(engine)
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    pub(super) fn ctx(&self) -> Ctx {
+        Ctx {
+            now: self.clock.now(),
+            jitter: rand::random::<f64>(),
+        }
+    }
+
+    pub(super) fn new_lease(&self, now: Millis) -> Lease {
+        Lease {
+            token: format!("{}{}", self.token_prefix(), uuid::Uuid::new_v4().simple()),
+            until: now + self.config.lease_ms,
+        }
+    }
+
+    /// Every owner token of this node starts with this.
+    pub(super) fn token_prefix(&self) -> String {
+        let node: String = self.config.node.chars().take(24).collect();
+        format!("{node}:")
+    }
+
+    /// At start-up: transactions a previous process of this node owned are resumed now,
+    /// not after their leases run out (that process is gone: one process per node name).
+    pub async fn release_own_leases(&self) -> Result<u64, StoreError> {
+        let released = self.store.release_node(&self.token_prefix()).await?;
+        if released > 0 {
+            tracing::info!(
+                released,
+                "resuming transactions a previous process of this node owned"
+            );
+        }
+        Ok(released)
+    }
+
+    /// Number of transactions this process is driving now.
+    pub fn driving(&self) -> usize {
+        self.driving.lock().expect("poisoned").len()
+    }
+}

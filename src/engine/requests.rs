@@ -1,0 +1,259 @@
+//! Client and operator requests: create, register, submit, abort, retry, force-stop.
+
+use std::sync::Arc;
+
+use super::*;
+
+impl Engine {
+    // ---- client requests -------------------------------------------------------------
+
+    /// Creates and starts a saga. A repeat with the same gid and request returns the
+    /// stored transaction; another request under the same gid is a conflict.
+    pub async fn create_saga(self: &Arc<Self>, new: NewSaga) -> Result<CreateOutcome, EngineError> {
+        let now = self.clock.now();
+        let tx = Transaction::saga(new.gid, new.steps, new.options, now);
+        // The creator drives the saga; if it dies, the lease lapses and recovery resumes.
+        let lease = self.config.drive.then(|| self.new_lease(now));
+        let outcome = self
+            .create(tx.clone(), &new.request, lease.as_ref())
+            .await?;
+        if let (true, Some(lease)) = (outcome.created, lease) {
+            let t =
+                core::apply(&tx, &Event::Wake, self.ctx()).map_err(EngineError::InvalidState)?;
+            Arc::clone(self).start(outcome.stored.clone(), lease, t);
+        }
+        Ok(outcome)
+    }
+
+    /// Creates a prepared TCC or msg transaction.
+    pub async fn create_prepared(&self, new: NewPrepared) -> Result<CreateOutcome, EngineError> {
+        let now = self.clock.now();
+        let mut options = new.options;
+        if options.timeout_ms.is_none() {
+            options.timeout_ms = Some(self.config.prepared_timeout_ms);
+        }
+        let mut tx = Transaction::prepared(new.gid, new.kind, options, now);
+        if new.kind == Kind::Msg {
+            let mut branches = Vec::new();
+            if let Some(url) = new.query_prepared {
+                branches.push(Branch::new("00", Action::QueryPrepared, -1, url, "", now));
+            }
+            for (i, (url, payload)) in new.msg_steps.into_iter().enumerate() {
+                let id = core::step_branch_id(i);
+                branches.push(Branch::new(id, Action::Action, i as i32, url, payload, now));
+            }
+            tx.add_branches(branches);
+        }
+        if new.kind == Kind::Tcc {
+            tx.add_branches(new.branches);
+        }
+        self.create(tx, &new.request, None).await
+    }
+
+    pub(super) async fn create(
+        &self,
+        tx: Transaction,
+        request: &serde_json::Value,
+        lease: Option<&Lease>,
+    ) -> Result<CreateOutcome, EngineError> {
+        let hash = request_hash(request);
+        match self.store.create(&tx, &hash, lease).await? {
+            Created::Inserted => {
+                let stored = StoredTx {
+                    tx,
+                    request_hash: hash,
+                    owner_token: lease.map(|l| l.token.clone()),
+                    lease_until: lease.map(|l| l.until),
+                    version: 0,
+                };
+                self.recent.put(stored.clone());
+                Ok(CreateOutcome {
+                    stored,
+                    created: true,
+                })
+            }
+            Created::Exists(existing) if existing.request_hash == hash => Ok(CreateOutcome {
+                stored: *existing,
+                created: false,
+            }),
+            Created::Exists(existing) => Err(EngineError::GidConflict(existing.tx.gid)),
+        }
+    }
+
+    /// Registers TCC branch operations while the transaction is prepared.
+    pub async fn register(&self, gid: &str, branches: Vec<Branch>) -> Result<(), EngineError> {
+        // The registration changes the row's version; a cached copy would only lose a race.
+        self.recent.remove(gid);
+        match self
+            .store
+            .register(gid, &branches, self.clock.now())
+            .await?
+        {
+            Registered::Stored => Ok(()),
+            Registered::NotFound => Err(EngineError::NotFound(gid.to_owned())),
+            Registered::NotPrepared(status) => Err(EngineError::NotPrepared(status)),
+            Registered::Conflict(key) => Err(EngineError::BranchConflict(key)),
+        }
+    }
+
+    /// Calls a registered Try on the caller's behalf and records its answer.
+    pub async fn call_try(
+        self: &Arc<Self>,
+        gid: &str,
+        branch_id: &str,
+    ) -> Result<(core::CallOutcome, StoredTx), EngineError> {
+        let stored = self.load(gid).await?;
+        let key = BranchKey {
+            branch_id: branch_id.to_owned(),
+            action: Action::Try,
+        };
+        let branch = stored
+            .tx
+            .branch(&key)
+            .ok_or_else(|| EngineError::InvalidState(CoreError::UnknownBranch(key.clone())))?
+            .clone();
+        let request = self.call_request(&stored.tx, &branch);
+        let started_at = self.clock.now();
+        let result = self.transport.call(&request).await;
+        self.observer.call(&request, &result, started_at);
+        let outcome = result.outcome.clone();
+        let event = Event::Outcome {
+            key,
+            outcome: outcome.clone(),
+        };
+        let (stored, _) = self.update(gid, &event, false).await?;
+        Ok((outcome, stored))
+    }
+
+    /// Commits a prepared TCC or msg transaction.
+    pub async fn submit(self: &Arc<Self>, gid: &str) -> Result<StoredTx, EngineError> {
+        self.update(gid, &Event::Submit, true).await.map(|(s, _)| s)
+    }
+
+    /// Rolls back a prepared TCC (Cancels) or msg (fails it).
+    pub async fn abort(self: &Arc<Self>, gid: &str, reason: &str) -> Result<StoredTx, EngineError> {
+        let event = Event::Abort {
+            reason: reason.to_owned(),
+        };
+        self.update(gid, &event, true).await.map(|(s, _)| s)
+    }
+
+    /// Resumes a stalled transaction, or makes a backing-off one due now.
+    pub async fn retry(self: &Arc<Self>, gid: &str) -> Result<StoredTx, EngineError> {
+        self.update(gid, &Event::Retry, true).await.map(|(s, _)| s)
+    }
+
+    /// Fails the transaction at once; nothing more is called.
+    pub async fn force_stop(
+        self: &Arc<Self>,
+        gid: &str,
+        reason: &str,
+    ) -> Result<StoredTx, EngineError> {
+        let event = Event::ForceStop {
+            reason: reason.to_owned(),
+        };
+        let (stored, _) = self.update(gid, &event, true).await?;
+        self.notify(gid);
+        Ok(stored)
+    }
+
+    pub async fn load(&self, gid: &str) -> Result<StoredTx, EngineError> {
+        self.store
+            .load(gid)
+            .await?
+            .ok_or_else(|| EngineError::NotFound(gid.to_owned()))
+    }
+
+    /// Applies a client or operator event: read, apply, write conditionally on the
+    /// version read, and start driving when there is work. Lost races re-read and apply
+    /// again, so a repeated request sees the outcome of the first.
+    pub(super) async fn update(
+        self: &Arc<Self>,
+        gid: &str,
+        event: &Event,
+        take_over: bool,
+    ) -> Result<(StoredTx, bool), EngineError> {
+        let mut cached = self.recent.get(gid);
+        for _ in 0..CONTENTION_RETRIES {
+            // A copy this process wrote is as good as a read: the write below is
+            // conditional on its version, and a stale copy only loses the race.
+            let stored = match cached.take() {
+                Some(stored) => stored,
+                None => self.load(gid).await?,
+            };
+            let t =
+                core::apply(&stored.tx, event, self.ctx()).map_err(EngineError::InvalidState)?;
+            if !t.persists() {
+                return Ok((stored, false));
+            }
+            let now = self.clock.now();
+            let has_calls = t.calls().next().is_some();
+            let lease = (take_over && has_calls && self.config.drive).then(|| self.new_lease(now));
+            let keep_owner = stored
+                .owner_token
+                .clone()
+                .zip(stored.lease_until)
+                .map(|(token, until)| Lease { token, until });
+            // Work to do: this process takes it. Otherwise, a client request releases the
+            // row (the recovery loop of any server continues it), while recording a Try
+            // answer leaves the owner as it was.
+            let written = match (&lease, take_over) {
+                (Some(lease), _) => Some(lease.clone()),
+                (None, true) => None,
+                (None, false) => keep_owner,
+            };
+            let decision = is_decision(&stored.tx, &t.tx);
+            if decision {
+                self.observer.point(Point::BeforeDecisionStored, gid);
+            }
+            let saved = self
+                .store
+                .save(Save {
+                    before: &stored.tx,
+                    after: &t.tx,
+                    guard: Guard::Version(stored.version),
+                    lease: written.as_ref(),
+                    attempts: &[],
+                })
+                .await?;
+            if saved == Saved::Lost {
+                self.recent.remove(gid);
+                continue;
+            }
+            self.observe_status(&stored.tx, &t.tx);
+            if decision {
+                self.observer.point(Point::AfterDecisionStored, gid);
+            }
+            let result = StoredTx {
+                tx: t.tx.clone(),
+                version: stored.version + 1,
+                owner_token: written.as_ref().map(|l| l.token.clone()),
+                lease_until: written.as_ref().map(|l| l.until),
+                ..stored
+            };
+            self.recent.put(result.clone());
+            if let Some(lease) = lease {
+                let effects = Transition {
+                    tx: t.tx.clone(),
+                    effects: t
+                        .effects
+                        .into_iter()
+                        .filter(|e| *e != Effect::Persist)
+                        .collect(),
+                };
+                Arc::clone(self).start(result.clone(), lease, effects);
+            } else if t.tx.status.is_terminal() || t.tx.status == Status::Stalled {
+                self.notify(gid);
+            }
+            return Ok((result, true));
+        }
+        Err(EngineError::Contention)
+    }
+
+    pub(super) fn observe_status(&self, before: &Transaction, after: &Transaction) {
+        if before.status != after.status {
+            self.observer
+                .status(&after.gid, before.status, after.status, after.updated_at);
+        }
+    }
+}

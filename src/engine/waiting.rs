@@ -1,0 +1,88 @@
+//! Waiting for an outcome, and the recent states that spare reads.
+
+use std::sync::Arc;
+
+use super::*;
+
+impl Engine {
+    // ---- waiting ---------------------------------------------------------------------
+
+    /// Waits until the transaction is terminal or stalled, or until `timeout`; returns the
+    /// state it then has.
+    pub async fn wait_settled(
+        &self,
+        gid: &str,
+        timeout: Duration,
+    ) -> Result<StoredTx, EngineError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notify = {
+                let mut waiters = self.waiters.lock().expect("poisoned");
+                Arc::clone(waiters.entry(gid.to_owned()).or_default())
+            };
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let settled =
+                |s: &StoredTx| s.tx.status.is_terminal() || s.tx.status == Status::Stalled;
+            let expired = tokio::time::Instant::now() >= deadline;
+            // This process's driver keeps its copy current and notifies when it settles;
+            // the database is read only for a transaction this process does not drive.
+            let stored = match self.recent.get(gid) {
+                Some(s) if settled(&s) => Some(s),
+                Some(_) if self.is_driving(gid) && !expired => None,
+                _ => Some(self.load(gid).await?),
+            };
+            if let Some(stored) = stored
+                && (settled(&stored) || expired)
+            {
+                return Ok(stored);
+            }
+            // The notification comes from this process's driver; a transaction driven by
+            // another coordinator is noticed by re-reading now and then.
+            let poll = tokio::time::Instant::now() + Duration::from_millis(500);
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(poll.min(deadline)) => {}
+            }
+        }
+    }
+
+    pub(super) fn notify(&self, gid: &str) {
+        let notify = self.waiters.lock().expect("poisoned").remove(gid);
+        if let Some(notify) = notify {
+            notify.notify_waiters();
+        }
+    }
+}
+
+/// Recent states of transactions this process created, changed or drives, so that a
+/// submit after a create, and a wait after a submit, need no read. Bounded: past the cap,
+/// finished ones go first.
+#[derive(Default)]
+pub(super) struct Recent {
+    map: Mutex<HashMap<String, StoredTx>>,
+}
+
+const RECENT_CAP: usize = 50_000;
+
+impl Recent {
+    pub(super) fn get(&self, gid: &str) -> Option<StoredTx> {
+        self.map.lock().expect("poisoned").get(gid).cloned()
+    }
+
+    pub(super) fn put(&self, stored: StoredTx) {
+        let mut map = self.map.lock().expect("poisoned");
+        if map.len() >= RECENT_CAP && !map.contains_key(&stored.tx.gid) {
+            map.retain(|_, s| !s.tx.status.is_terminal());
+            if map.len() >= RECENT_CAP {
+                map.clear();
+            }
+        }
+        map.insert(stored.tx.gid.clone(), stored);
+    }
+
+    pub(super) fn remove(&self, gid: &str) {
+        self.map.lock().expect("poisoned").remove(gid);
+    }
+}
