@@ -144,6 +144,9 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8686")]
     pub listen: SocketAddr,
     /// Name of this coordinator in owner tokens and logs (default: host name and port).
+    /// Give it only when no other live process uses the same name (a StatefulSet's pod
+    /// name, one systemd unit per name): a restarted process then resumes its
+    /// predecessor's transactions at once instead of after their leases.
     #[arg(long, env = "IDEM_NODE")]
     pub node: Option<String>,
     /// Lease of a transaction being driven, in ms: how soon another coordinator takes
@@ -183,6 +186,14 @@ pub struct ServeArgs {
     /// How long a wait_result request waits at most, in ms.
     #[arg(long, default_value_t = 30_000)]
     pub wait_timeout_ms: u64,
+    /// On SIGTERM, how long calls in flight may take to finish, in ms, before they are
+    /// stopped and the leases handed back.
+    #[arg(long, default_value_t = 10_000)]
+    pub shutdown_timeout_ms: u64,
+    /// Testing only: shifts this process's wall clock (idem reads time on the database's
+    /// clock, so a skewed host must not matter).
+    #[arg(long, default_value_t = 0, hide = true, allow_hyphen_values = true)]
+    pub test_clock_offset_ms: i64,
     /// A fault plan (JSON, or TOML by extension) to inject into participant calls and
     /// crash points. For testing and failure replay only.
     #[arg(long)]
@@ -250,6 +261,7 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
 
 async fn serve(args: ServeArgs) -> Result<(), BoxError> {
     let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
+    config.engine.node_is_unique = args.node.is_some();
     config.engine.node = args.node.unwrap_or_else(|| default_node(args.listen));
     config.engine.lease_ms = args.lease_ms.max(1_000);
     config.engine.recovery_interval = Duration::from_millis(args.recovery_interval_ms.max(10));
@@ -262,6 +274,8 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
     config.connect.max_connections = args.max_connections.max(1);
     config.connect.sqlite_full_sync = args.sqlite_full_sync;
     config.wait_timeout = Duration::from_millis(args.wait_timeout_ms);
+    config.shutdown_grace = Duration::from_millis(args.shutdown_timeout_ms);
+    config.clock_skew_ms = args.test_clock_offset_ms;
     if let Some(path) = &args.fault_plan {
         config.fault_plan = Some(Arc::new(read_plan(path)?));
     }
@@ -467,11 +481,11 @@ pub fn read_plan(path: &std::path::Path) -> Result<FaultPlan, BoxError> {
         .map_err(|e| format!("invalid fault plan {}: {e}", path.display()).into())
 }
 
+/// The host's name (not `$HOSTNAME`, which systemd does not export) and the port. Not
+/// unique across pods of one Deployment: owner tokens add an instance id per process.
 fn default_node(listen: SocketAddr) -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "idem".into());
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    let host = if host.is_empty() { "idem".into() } else { host };
     format!("{host}-{}", listen.port())
 }
 

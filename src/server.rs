@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use std::path::PathBuf;
 
 use crate::api::{self, AppState};
-use crate::engine::{Engine, EngineConfig, Observer, SystemClock};
+use crate::engine::{Engine, EngineConfig, Observer, SyncedClock};
 use crate::faults::{CrashOnPlan, FaultPlan, FaultyTransport, Observers, Timeline};
 use crate::store::{self, ConnectOptions, Store};
 use crate::transport::{HttpTransport, Transport};
@@ -27,6 +28,13 @@ pub struct ServerConfig {
     pub fault_plan: Option<Arc<FaultPlan>>,
     /// Where to append the timeline of calls, faults and status changes (JSON lines).
     pub record: Option<PathBuf>,
+    /// How long a stopping server lets calls in flight finish before it stops them.
+    pub shutdown_grace: Duration,
+    /// A deliberate error in this process's wall clock, for tests of skewed hosts; idem
+    /// reads time on the database's clock, so it must not matter.
+    pub clock_skew_ms: i64,
+    /// How often the offset to the database's clock is measured again.
+    pub clock_sync_interval: Duration,
 }
 
 impl ServerConfig {
@@ -39,6 +47,9 @@ impl ServerConfig {
             wait_timeout: api::native::DEFAULT_WAIT,
             fault_plan: None,
             record: None,
+            shutdown_grace: Duration::from_secs(10),
+            clock_skew_ms: 0,
+            clock_sync_interval: Duration::from_secs(30),
         }
     }
 }
@@ -49,6 +60,8 @@ pub struct RunningServer {
     pub engine: Arc<Engine>,
     shutdown: tokio::sync::oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
+    grace: Duration,
+    clock_sync: CancellationToken,
 }
 
 impl RunningServer {
@@ -57,11 +70,16 @@ impl RunningServer {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting requests, hands driven transactions back and waits for the server.
+    /// Stops gracefully: no new claims or rounds, open `wait_result` requests answered at
+    /// once, no new connections; then calls in flight get the grace to finish (and be
+    /// stored), the rest are stopped, and only then are the leases handed back.
     pub async fn stop(self) -> std::io::Result<()> {
+        self.engine.begin_shutdown();
+        self.clock_sync.cancel();
         let _ = self.shutdown.send(());
-        self.engine.shutdown().await;
-        self.task.await.unwrap_or(Ok(()))
+        let served = self.task.await.unwrap_or(Ok(()));
+        self.engine.finish_shutdown(self.grace).await;
+        served
     }
 }
 
@@ -112,13 +130,18 @@ pub async fn start_with(
         None => transport,
     };
     let observer: Arc<dyn Observer> = Arc::new(Observers(observers));
-    let engine = Engine::new(
-        store,
-        transport,
-        Arc::new(SystemClock),
-        config.engine.clone(),
-    )
-    .with_observer(observer);
+    let clock = SyncedClock::new(config.clock_skew_ms);
+    if let Err(e) = clock.sync(store.as_ref()).await {
+        tracing::warn!(error = %e, "cannot read the database's clock yet; using this host's");
+    }
+    let clock_sync = CancellationToken::new();
+    tokio::spawn(Arc::clone(&clock).keep_in_sync(
+        Arc::clone(&store),
+        config.clock_sync_interval,
+        clock_sync.clone(),
+    ));
+    let engine =
+        Engine::new(store, transport, clock, config.engine.clone()).with_observer(observer);
     let listener = TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
     let state = Arc::new(AppState {
@@ -147,5 +170,7 @@ pub async fn start_with(
         engine,
         shutdown: tx,
         task,
+        grace: config.shutdown_grace,
+        clock_sync,
     })
 }

@@ -9,21 +9,40 @@ impl Engine {
 
     /// Drives `tx` (as stored, owned under `lease`) from the effects of `t` in a new task.
     pub(super) fn start(self: Arc<Self>, stored: StoredTx, lease: Lease, t: Transition) {
-        self.driving
-            .lock()
-            .expect("poisoned")
-            .insert(stored.tx.gid.clone(), lease.token.clone());
-        tokio::spawn(async move {
+        let gid = stored.tx.gid.clone();
+        let token = lease.token.clone();
+        let mut driving = self.driving.lock().expect("poisoned");
+        if self.stopping.is_cancelled() {
+            // Taken over a moment before the stop: hand it straight back.
+            drop(driving);
+            let engine = Arc::clone(&self);
+            self.tasks
+                .spawn(async move { engine.release(&gid, &token).await });
+            return;
+        }
+        let engine = Arc::clone(&self);
+        let task = self.tasks.spawn(async move {
             let gid = stored.tx.gid.clone();
             let token = lease.token.clone();
-            self.drive(stored, lease, t).await;
-            let mut driving = self.driving.lock().expect("poisoned");
-            if driving.get(&gid) == Some(&token) {
+            engine.drive(stored, lease, t).await;
+            let mut driving = engine.driving.lock().expect("poisoned");
+            if driving.get(&gid).is_some_and(|d| d.token == token) {
                 driving.remove(&gid);
             }
             drop(driving);
-            self.notify(&gid);
+            engine.notify(&gid);
         });
+        let abort = task.abort_handle();
+        driving.insert(gid, Driver { token, abort });
+    }
+
+    /// Lets this process's lease on `gid` lapse now: another coordinator may continue at
+    /// once.
+    pub(super) async fn release(&self, gid: &str, token: &str) {
+        let now = self.clock.now();
+        if let Err(e) = self.store.renew(gid, token, now).await {
+            tracing::warn!(gid, error = %e, "cannot hand the lease back; it lapses on its own");
+        }
     }
 
     pub(super) fn is_driving(&self, gid: &str) -> bool {
@@ -92,12 +111,18 @@ impl Engine {
             }
             let calls: Vec<BranchKey> = t.calls().cloned().collect();
             if !calls.is_empty() {
-                let Some(renewed) = self.cover(&gid, &lease, self.longest_call(&current)).await
+                if self.stopping.is_cancelled() {
+                    self.release(&gid, &lease.token).await;
+                    return;
+                }
+                let Some((slots, renewed)) =
+                    self.call_slots(&gid, lease, &current, calls.len()).await
                 else {
                     return;
                 };
                 lease = renewed;
-                let answers = self.round(&current, &calls).await;
+                let answers = self.round(&current, &calls, slots.num_permits()).await;
+                drop(slots);
                 self.observer.point(Point::AfterCallsBeforeRecord, &gid);
                 after_round = true;
                 let mut events = Vec::with_capacity(answers.len());
@@ -133,11 +158,10 @@ impl Engine {
             match t.effects.iter().find(|e| !matches!(e, Effect::Persist)) {
                 Some(Effect::WakeAt(at)) => {
                     let wait = at - self.clock.now();
-                    if wait > self.config.hold_ms {
+                    if wait > self.config.hold_ms || self.stopping.is_cancelled() {
                         // Hand the row back: the lease lapses now and the recovery loop of
                         // any coordinator picks it up when it is due.
-                        let now = self.clock.now();
-                        let _ = self.store.renew(&gid, &lease.token, now).await;
+                        self.release(&gid, &lease.token).await;
                         return;
                     }
                     let Some(renewed) = self.cover(&gid, &lease, wait.max(0)).await else {
@@ -147,7 +171,10 @@ impl Engine {
                     if wait > 0 {
                         tokio::select! {
                             _ = tokio::time::sleep(Duration::from_millis(wait as u64)) => {}
-                            _ = self.shutdown.notified() => return,
+                            _ = self.stopping.cancelled() => {
+                                self.release(&gid, &lease.token).await;
+                                return;
+                            }
                         }
                     }
                     t = match core::apply(&current, &Event::Wake, self.ctx()) {
@@ -278,26 +305,84 @@ impl Engine {
         Err(last.expect("at least one error"))
     }
 
-    /// Performs calls concurrently; returns each answer with the time it started.
+    /// Waits for the call slots of a round (at most `max_concurrent_calls` in flight over
+    /// all transactions), renewing the lease while queued so that under overload no other
+    /// driver, this node's recovery loop included, takes the transaction over; then makes
+    /// the lease cover the whole round. `None`: the lease is lost, or the process stops
+    /// (the lease is handed back).
+    pub(super) async fn call_slots(
+        &self,
+        gid: &str,
+        mut lease: Lease,
+        tx: &Transaction,
+        calls: usize,
+    ) -> Option<(tokio::sync::SemaphorePermit<'_>, Lease)> {
+        let width = calls.clamp(1, self.config.max_concurrent_calls.max(1));
+        let waves = calls.div_ceil(width) as Millis;
+        let round_time = waves * self.longest_call(tx);
+        let tick = Duration::from_millis((self.config.lease_ms / 3).max(1) as u64);
+        let acquire = self.calls.acquire_many(width as u32);
+        tokio::pin!(acquire);
+        let slots = loop {
+            lease = self.cover(gid, &lease, round_time).await?;
+            tokio::select! {
+                slots = &mut acquire => break slots.expect("the call semaphore is never closed"),
+                _ = tokio::time::sleep(tick) => {}
+                _ = self.stopping.cancelled() => {
+                    self.release(gid, &lease.token).await;
+                    return None;
+                }
+            }
+        };
+        let lease = self.cover(gid, &lease, round_time).await?;
+        Some((slots, lease))
+    }
+
+    /// Performs a round's calls, `width` at a time; returns each answer with the time it
+    /// started.
     pub(super) async fn round(
         &self,
         tx: &Transaction,
         calls: &[BranchKey],
+        width: usize,
     ) -> Vec<(BranchKey, crate::transport::CallResult, Millis)> {
-        let futures = calls.iter().map(|key| async move {
-            let branch = tx.branch(key).expect("planned calls name stored branches");
-            let request = self.call_request(tx, branch);
-            let _permit = self
-                .calls
-                .acquire()
-                .await
-                .expect("semaphore is never closed");
-            let started_at = self.clock.now();
-            let result = self.transport.call(&request).await;
-            self.observer.call(&request, &result, started_at);
-            (key.clone(), result, started_at)
-        });
-        join_all(futures).await
+        use futures::StreamExt;
+        // Boxed into a list first: a lazily mapped stream of borrowing futures trips the
+        // compiler's higher-ranked Send check inside the spawned driver.
+        let calls: Vec<futures::future::BoxFuture<'_, _>> = calls
+            .iter()
+            .map(|key| {
+                let branch = tx.branch(key).expect("planned calls name stored branches");
+                let request = self.call_request(tx, branch);
+                Box::pin(async move {
+                    let started_at = self.clock.now();
+                    let result = self.transport.call(&request).await;
+                    self.observer.call(&request, &result, started_at);
+                    (key.clone(), result, started_at)
+                }) as futures::future::BoxFuture<'_, _>
+            })
+            .collect();
+        futures::stream::iter(calls)
+            .buffered(width.max(1))
+            .collect()
+            .await
+    }
+
+    /// The transaction's `branch_headers`, plus a User-Agent naming this node unless the
+    /// transaction sets its own: a participant's logs then say which coordinator called.
+    fn call_headers(&self, tx: &Transaction) -> std::collections::BTreeMap<String, String> {
+        let mut headers = tx.options.branch_headers.clone();
+        if !headers.keys().any(|k| k.eq_ignore_ascii_case("user-agent")) {
+            let node: String = self
+                .config
+                .node
+                .chars()
+                .filter(|c| (' '..='~').contains(c))
+                .collect();
+            let agent = format!("idem/{} ({node})", env!("CARGO_PKG_VERSION"));
+            headers.insert("user-agent".into(), agent);
+        }
+        headers
     }
 
     pub(super) fn call_request(&self, tx: &Transaction, branch: &Branch) -> CallRequest {
@@ -309,7 +394,7 @@ impl Engine {
             url: branch.url.clone(),
             payload: branch.payload.clone(),
             timeout: Duration::from_millis(tx.options.request_timeout_ms.max(1)),
-            headers: tx.options.branch_headers.clone(),
+            headers: self.call_headers(tx),
             protocol: tx.options.protocol,
             attempt: (branch.attempts + 1).max(1) as u32,
         }

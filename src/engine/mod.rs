@@ -14,6 +14,7 @@
 
 mod clock;
 mod drive;
+mod identity;
 mod recovery;
 mod requests;
 mod waiting;
@@ -22,8 +23,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::join_all;
 use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::canonical::request_hash;
 use crate::core::{
@@ -35,7 +37,7 @@ use crate::store::{
 };
 use crate::transport::{CallRequest, CallResult, Transport};
 
-pub use clock::{Clock, SystemClock};
+pub use clock::{Clock, SyncedClock, SystemClock};
 use drive::is_decision;
 use waiting::Recent;
 
@@ -44,6 +46,9 @@ use waiting::Recent;
 pub struct EngineConfig {
     /// Names this coordinator in owner tokens and logs.
     pub node: String,
+    /// The operator vouches that no other live process uses `node` (an explicit `--node`,
+    /// such as a StatefulSet's pod name): a restart may take back that node's leases.
+    pub node_is_unique: bool,
     /// How long a claim or a write keeps the transaction ours without a further write.
     pub lease_ms: Millis,
     /// How often the recovery loop looks for due transactions nobody drives.
@@ -68,6 +73,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             node: "idem".into(),
+            node_is_unique: false,
             lease_ms: 15_000,
             recovery_interval: Duration::from_secs(1),
             claim_batch: 200,
@@ -180,11 +186,22 @@ pub struct Engine {
     observer: Arc<dyn Observer>,
     config: EngineConfig,
     calls: Semaphore,
-    /// Transactions this process drives, with the token it drives them under.
-    driving: Mutex<HashMap<String, String>>,
+    /// Drawn at start: makes this process's owner tokens its own (see `identity`).
+    instance: String,
+    /// Transactions this process drives: the token, and how to stop the driver.
+    driving: Mutex<HashMap<String, Driver>>,
     recent: Recent,
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
-    shutdown: Notify,
+    /// Cancelled when the process begins to stop: no claims, no new rounds, waits end.
+    stopping: CancellationToken,
+    /// Every driver task, so that shutdown can wait for them.
+    tasks: TaskTracker,
+}
+
+/// A driver task of this process.
+struct Driver {
+    token: String,
+    abort: tokio::task::AbortHandle,
 }
 
 /// How often a client request retries after losing a race with another writer.
@@ -205,10 +222,12 @@ impl Engine {
             observer: Arc::new(NoObserver),
             config,
             calls,
+            instance: identity::new_instance(),
             driving: Mutex::new(HashMap::new()),
             recent: Recent::default(),
             waiters: Mutex::new(HashMap::new()),
-            shutdown: Notify::new(),
+            stopping: CancellationToken::new(),
+            tasks: TaskTracker::new(),
         })
     }
 
@@ -241,21 +260,21 @@ impl Engine {
 
     pub(super) fn new_lease(&self, now: Millis) -> Lease {
         Lease {
-            token: format!("{}{}", self.token_prefix(), uuid::Uuid::new_v4().simple()),
+            token: identity::new_token(&self.config.node, &self.instance),
             until: now + self.config.lease_ms,
         }
     }
 
-    /// Every owner token of this node starts with this.
-    pub(super) fn token_prefix(&self) -> String {
-        let node: String = self.config.node.chars().take(24).collect();
-        format!("{node}:")
-    }
-
-    /// At start-up: transactions a previous process of this node owned are resumed now,
-    /// not after their leases run out (that process is gone: one process per node name).
+    /// At start-up, with a node name the operator vouches for (`--node`): transactions an
+    /// earlier process of this node owned are resumed now, not after their leases run out
+    /// (that process is gone: one process per such name). A default name may be shared by
+    /// live peers, so then nothing is released and the leases lapse on their own.
     pub async fn release_own_leases(&self) -> Result<u64, StoreError> {
-        let released = self.store.release_node(&self.token_prefix()).await?;
+        if !self.config.node_is_unique {
+            return Ok(0);
+        }
+        let prefix = identity::node_prefix(&self.config.node);
+        let released = self.store.release_node(&prefix).await?;
         if released > 0 {
             tracing::info!(
                 released,

@@ -9,6 +9,9 @@ impl Engine {
 
     /// Claims due transactions nobody drives and drives them. Returns how many it took.
     pub async fn recover_once(self: &Arc<Self>) -> Result<usize, StoreError> {
+        if self.stopping.is_cancelled() {
+            return Ok(0);
+        }
         let now = self.clock.now();
         let lease = self.new_lease(now);
         let claimed = self
@@ -38,21 +41,54 @@ impl Engine {
             let pause = self.config.recovery_interval.mul_f64(jitter);
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                _ = self.shutdown.notified() => return,
+                _ = self.stopping.cancelled() => return,
             }
         }
     }
 
-    /// Stops the recovery loop and the drivers' waits, and hands every transaction this
-    /// process drives back (its lease lapses now), so another coordinator can continue at
-    /// once instead of after the lease.
-    pub async fn shutdown(&self) {
-        self.shutdown.notify_waiters();
-        let driving: Vec<(String, String)> =
-            self.driving.lock().expect("poisoned").drain().collect();
-        let now = self.clock.now();
-        for (gid, token) in driving {
-            let _ = self.store.renew(&gid, &token, now).await;
+    /// The first step of a graceful stop: no more claims, no new rounds of calls (a driver
+    /// finishes the round in flight, stores it and hands its lease back), and every
+    /// `wait_result` answers at once with the status it has.
+    pub fn begin_shutdown(&self) {
+        self.stopping.cancel();
+    }
+
+    /// The last step: waits up to `grace` for the drivers to finish their rounds in flight,
+    /// stops those still calling, and only then hands their leases back, so that no call
+    /// of this process can overlap the next owner's.
+    pub async fn finish_shutdown(&self, grace: Duration) {
+        self.begin_shutdown();
+        self.tasks.close();
+        if tokio::time::timeout(grace, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            let stuck: Vec<String> = {
+                let driving = self.driving.lock().expect("poisoned");
+                driving.values().for_each(|d| d.abort.abort());
+                driving.keys().cloned().collect()
+            };
+            tracing::warn!(
+                transactions = stuck.len(),
+                "calls still in flight after the shutdown grace; stopping them"
+            );
+            // An aborted driver makes no further call once its task has ended.
+            self.tasks.wait().await;
         }
+        let left: Vec<(String, String)> = self
+            .driving
+            .lock()
+            .expect("poisoned")
+            .drain()
+            .map(|(gid, d)| (gid, d.token))
+            .collect();
+        for (gid, token) in left {
+            self.release(&gid, &token).await;
+        }
+    }
+
+    /// Stops at once (no grace): for in-process servers in tests and tools.
+    pub async fn shutdown(&self) {
+        self.finish_shutdown(Duration::ZERO).await;
     }
 }

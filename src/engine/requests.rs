@@ -177,12 +177,18 @@ impl Engine {
         for _ in 0..CONTENTION_RETRIES {
             // A copy this process wrote is as good as a read: the write below is
             // conditional on its version, and a stale copy only loses the race.
-            let stored = match cached.take() {
-                Some(stored) => stored,
-                None => self.load(gid).await?,
+            let (stored, from_cache) = match cached.take() {
+                Some(stored) => (stored, true),
+                None => (self.load(gid).await?, false),
             };
-            let t =
-                core::apply(&stored.tx, event, self.ctx()).map_err(EngineError::InvalidState)?;
+            let applied = core::apply(&stored.tx, event, self.ctx());
+            // Only the database may say "refused" or "nothing to do": another node may have
+            // moved the transaction since this copy was made (stalled it, finished it).
+            if from_cache && applied.as_ref().map_or(true, |t| !t.persists()) {
+                self.recent.remove(gid);
+                continue;
+            }
+            let t = applied.map_err(EngineError::InvalidState)?;
             if !t.persists() {
                 return Ok((stored, false));
             }

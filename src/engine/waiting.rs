@@ -16,16 +16,14 @@ impl Engine {
     ) -> Result<StoredTx, EngineError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let notify = {
-                let mut waiters = self.waiters.lock().expect("poisoned");
-                Arc::clone(waiters.entry(gid.to_owned()).or_default())
-            };
-            let notified = notify.notified();
+            let waiter = Waiter::new(self, gid);
+            let notified = waiter.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let settled =
                 |s: &StoredTx| s.tx.status.is_terminal() || s.tx.status == Status::Stalled;
-            let expired = tokio::time::Instant::now() >= deadline;
+            // A stopping process answers at once with what it knows.
+            let expired = tokio::time::Instant::now() >= deadline || self.stopping.is_cancelled();
             // This process's driver keeps its copy current and notifies when it settles;
             // the database is read only for a transaction this process does not drive.
             let stored = match self.recent.get(gid) {
@@ -44,6 +42,7 @@ impl Engine {
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(poll.min(deadline)) => {}
+                _ = self.stopping.cancelled() => {}
             }
         }
     }
@@ -53,6 +52,47 @@ impl Engine {
         if let Some(notify) = notify {
             notify.notify_waiters();
         }
+    }
+}
+
+/// One wait's registration for a gid's notification. Dropped on every way out of a wait
+/// (settled, expired, the client gone), it removes the entry once no one else waits, so a
+/// wait that is never notified leaves nothing behind.
+struct Waiter<'a> {
+    engine: &'a Engine,
+    gid: &'a str,
+    notify: Arc<Notify>,
+}
+
+impl<'a> Waiter<'a> {
+    fn new(engine: &'a Engine, gid: &'a str) -> Waiter<'a> {
+        let mut waiters = engine.waiters.lock().expect("poisoned");
+        let notify = Arc::clone(waiters.entry(gid.to_owned()).or_default());
+        Waiter {
+            engine,
+            gid,
+            notify,
+        }
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        let mut waiters = self.engine.waiters.lock().expect("poisoned");
+        // The map's reference and ours: nobody else waits on this one.
+        if let Some(entry) = waiters.get(self.gid)
+            && Arc::ptr_eq(entry, &self.notify)
+            && Arc::strong_count(entry) <= 2
+        {
+            waiters.remove(self.gid);
+        }
+    }
+}
+
+impl Engine {
+    /// Gids someone waits on now (for tests of the bound).
+    pub fn waiting(&self) -> usize {
+        self.waiters.lock().expect("poisoned").len()
     }
 }
 

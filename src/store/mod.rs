@@ -190,6 +190,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many transactions are in any of these statuses.
     async fn count(&self, statuses: &[Status]) -> Result<u64>;
+
+    /// The database's clock, in milliseconds since the epoch: the one time every
+    /// coordinator sharing the database agrees on (see `engine::SyncedClock`).
+    async fn db_now(&self) -> Result<Millis>;
 }
 
 /// How to open a store.

@@ -19,6 +19,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/mysql");
 impl Dialect for MySql {
     const BACKEND: &'static str = "mysql";
     const NUMBERED_PARAMETERS: bool = false;
+    // SYSDATE(3), not NOW(3): NOW() is the start of the statement's transaction.
+    const NOW_MS: &'static str = "SELECT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)";
     const ON_DUPLICATE_DO_NOTHING: &'static str = "";
 
     fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {

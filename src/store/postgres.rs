@@ -24,6 +24,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres")
 impl Dialect for Postgres {
     const BACKEND: &'static str = "postgres";
     const NUMBERED_PARAMETERS: bool = true;
+    // clock_timestamp(), not now(): now() is the start of the transaction.
+    const NOW_MS: &'static str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
     // A caught unique violation would abort the whole PostgreSQL transaction.
     const ON_DUPLICATE_DO_NOTHING: &'static str = " ON CONFLICT DO NOTHING";
 

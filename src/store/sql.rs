@@ -133,6 +133,9 @@ pub trait Dialect: Database + Sized {
     /// sqlx has no database-neutral accessor for the affected-row count.
     fn rows_affected(result: &Self::QueryResult) -> u64;
 
+    /// Reads the database's clock as epoch milliseconds (one BIGINT column).
+    const NOW_MS: &'static str;
+
     /// The statement that starts a write transaction on a lean connection (see
     /// [`Dialect::begin_write`]).
     const BEGIN_WRITE: &'static str = "BEGIN";
@@ -455,7 +458,7 @@ pub struct SqlStore<DB: Dialect> {
     pub lean: Option<LeanPool<DB>>,
     pub sql: Statements,
     /// Set by [`SqlStore::start_group_commit`]: writes go through one writer task.
-    batch: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Job>>,
+    batch: std::sync::OnceLock<tokio::sync::mpsc::Sender<Job>>,
 }
 
 impl<DB: Dialect> SqlStore<DB> {
@@ -595,7 +598,7 @@ where
                 lease: lease.cloned(),
                 reply,
             };
-            queue.send(job).map_err(|_| closed())?;
+            queue.send(job).await.map_err(|_| closed())?;
             return match answer.await.map_err(|_| closed())?? {
                 true => Ok(Created::Inserted),
                 false => self.existing(&tx.gid).await,
@@ -622,6 +625,7 @@ where
                     save: Box::new(OwnedSave::of(&save)),
                     reply,
                 })
+                .await
                 .map_err(|_| closed())?;
             return answer.await.map_err(|_| closed())?;
         }
@@ -720,6 +724,13 @@ where
             query = query.bind("");
         }
         Ok(query.fetch_one(&self.pool).await? as u64)
+    }
+
+    async fn db_now(&self) -> Result<Millis> {
+        let now = sqlx::query_scalar::<DB, i64>(DB::NOW_MS)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(now)
     }
 
     async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool> {
@@ -965,7 +976,9 @@ where
     where
         DB: 'static,
     {
-        let (queue, mut jobs) = tokio::sync::mpsc::unbounded_channel::<Job>();
+        // Bounded: when the disk falls behind, writers wait here (backpressure) instead of
+        // queueing without limit in memory.
+        let (queue, mut jobs) = tokio::sync::mpsc::channel::<Job>(GROUP_COMMIT_QUEUE);
         if self.batch.set(queue).is_err() {
             return;
         }
@@ -1059,6 +1072,9 @@ where
 
 /// Writes per shared commit, at most.
 const GROUP_COMMIT_MAX: usize = 128;
+
+/// Writes waiting for the writer task, at most.
+const GROUP_COMMIT_QUEUE: usize = 1_024;
 
 fn saved_if(rows: u64) -> Saved {
     if rows == 0 { Saved::Lost } else { Saved::Saved }

@@ -20,6 +20,10 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 impl Dialect for Sqlite {
     const BACKEND: &'static str = "sqlite";
     const NUMBERED_PARAMETERS: bool = false;
+    // SQLite runs in this process: its clock is the host's, shared by every process that
+    // can open the same file.
+    const NOW_MS: &'static str =
+        "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
     const ON_DUPLICATE_DO_NOTHING: &'static str = " ON CONFLICT DO NOTHING";
 
     fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
