@@ -47,6 +47,11 @@ use serde_json::Value;
 /// A coordinator in this process with short timings, so tests of retries and timeouts
 /// take milliseconds.
 pub async fn coordinator(url: &str) -> RunningServer {
+    coordinator_with(url, |_| {}).await
+}
+
+/// [`coordinator`] with some settings changed.
+pub async fn coordinator_with(url: &str, change: impl FnOnce(&mut ServerConfig)) -> RunningServer {
     let mut config = ServerConfig::new(url, "127.0.0.1:0".parse().unwrap());
     config.engine.recovery_interval = Duration::from_millis(50);
     config.engine.lease_ms = 3_000;
@@ -57,6 +62,7 @@ pub async fn coordinator(url: &str) -> RunningServer {
     config.connect.max_connections = 8;
     config.connect.sqlite_full_sync = false;
     config.wait_timeout = Duration::from_secs(20);
+    change(&mut config);
     idem::server::start(config)
         .await
         .expect("coordinator starts")
@@ -143,6 +149,7 @@ impl Child {
     /// waits until it listens (it prints its address).
     pub fn serve(database_url: &str, node: &str, extra: &[&str]) -> Child {
         use std::io::BufRead;
+        // An empty node name leaves `--node` out: the default name, as most users run it.
         let defaults = [
             ("--database-url", database_url),
             ("--listen", "127.0.0.1:0"),
@@ -156,7 +163,7 @@ impl Child {
         let mut args = vec!["serve".to_owned()];
         for (flag, value) in defaults {
             // An extra argument replaces the default (clap refuses a flag given twice).
-            if !extra.contains(&flag) {
+            if !extra.contains(&flag) && !(flag == "--node" && node.is_empty()) {
                 args.extend([flag.to_owned(), value.to_owned()]);
             }
         }
@@ -185,6 +192,20 @@ impl Child {
 
     pub fn pid(&self) -> u32 {
         self.process.id()
+    }
+
+    /// Waits for the process to exit by itself, up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.process.try_wait().unwrap() {
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// SIGKILL: no shutdown, no lease handed back.

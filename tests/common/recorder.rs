@@ -19,6 +19,10 @@ pub struct Call {
     pub branch_id: String,
     pub op: String,
     pub body: String,
+    /// The caller's User-Agent: idem names its node there.
+    pub agent: String,
+    /// When the call arrived.
+    pub at: std::time::Instant,
 }
 
 #[derive(Clone, Debug)]
@@ -59,9 +63,16 @@ struct Params {
 async fn handle(
     State(inner): State<Arc<Inner>>,
     uri: Uri,
+    headers: axum::http::HeaderMap,
     Query(p): Query<Params>,
     body: Bytes,
 ) -> (StatusCode, String) {
+    let at = std::time::Instant::now();
+    let agent = headers
+        .get(axum::http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let path = uri.path().to_owned();
     let rule = {
         let mut rules = inner.rules.lock().unwrap();
@@ -85,6 +96,8 @@ async fn handle(
         branch_id: p.branch_id,
         op: p.op,
         body: String::from_utf8_lossy(&body).into_owned(),
+        agent,
+        at,
     });
     inner.changed.notify_waiters();
     let status = StatusCode::from_u16(status).unwrap();
