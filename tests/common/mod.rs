@@ -163,7 +163,8 @@ impl Child {
         let mut args = vec!["serve".to_owned()];
         for (flag, value) in defaults {
             // An extra argument replaces the default (clap refuses a flag given twice).
-            if !extra.contains(&flag) && !(flag == "--node" && node.is_empty()) {
+            let omitted = flag == "--node" && node.is_empty();
+            if !extra.contains(&flag) && !omitted {
                 args.extend([flag.to_owned(), value.to_owned()]);
             }
         }
