@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use crate::api::{self, AppState};
 use crate::engine::{Engine, EngineConfig, Observer, SystemClock};
 use crate::faults::{CrashOnPlan, FaultPlan, FaultyTransport, Observers, Timeline};
+use crate::http_server::{self, HttpLimits};
 use crate::store::{self, ConnectOptions, Store};
 use crate::transport::{HttpTransport, Transport};
 
@@ -27,6 +28,10 @@ pub struct ServerConfig {
     pub fault_plan: Option<Arc<FaultPlan>>,
     /// Where to append the timeline of calls, faults and status changes (JSON lines).
     pub record: Option<PathBuf>,
+    /// Timeouts and the connection cap of the API's HTTP server.
+    pub http: HttpLimits,
+    /// How much of a participant's answer is read (see `transport`).
+    pub max_answer_bytes: usize,
 }
 
 impl ServerConfig {
@@ -39,6 +44,8 @@ impl ServerConfig {
             wait_timeout: api::native::DEFAULT_WAIT,
             fault_plan: None,
             record: None,
+            http: HttpLimits::default(),
+            max_answer_bytes: crate::transport::DEFAULT_MAX_ANSWER_BYTES,
         }
     }
 }
@@ -48,7 +55,7 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     pub engine: Arc<Engine>,
     shutdown: tokio::sync::oneshot::Sender<()>,
-    task: JoinHandle<std::io::Result<()>>,
+    task: JoinHandle<()>,
 }
 
 impl RunningServer {
@@ -57,11 +64,12 @@ impl RunningServer {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting requests, hands driven transactions back and waits for the server.
+    /// Stops accepting requests, hands driven transactions back and waits for the
+    /// requests in progress (idle and half-sent connections are closed, not waited for).
     pub async fn stop(self) -> std::io::Result<()> {
         let _ = self.shutdown.send(());
         self.engine.shutdown().await;
-        self.task.await.unwrap_or(Ok(()))
+        self.task.await.map_err(std::io::Error::other)
     }
 }
 
@@ -79,7 +87,8 @@ pub async fn open_store(
 pub async fn start(
     config: ServerConfig,
 ) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
-    let transport: Arc<dyn Transport> = Arc::new(HttpTransport::new()?);
+    let transport: Arc<dyn Transport> =
+        Arc::new(HttpTransport::with_answer_limit(config.max_answer_bytes)?);
     start_with(config, transport).await
 }
 
@@ -124,23 +133,15 @@ pub async fn start_with(
     let state = Arc::new(AppState {
         engine: Arc::clone(&engine),
         wait_timeout: config.wait_timeout,
+        max_branches: config.connect.max_branches,
     });
     let app = api::router(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     engine.release_own_leases().await?;
     tokio::spawn(Arc::clone(&engine).run_recovery());
-    let task = tokio::spawn(async move {
-        use axum::serve::ListenerExt;
-        // Small JSON answers go out at once instead of waiting for Nagle's timer.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.await;
-            })
-            .await
-    });
+    let task = tokio::spawn(http_server::serve(listener, app, config.http, async move {
+        let _ = rx.await;
+    }));
     tracing::info!(%addr, database = engine.store().backend(), node = engine.config().node, "idem is serving");
     Ok(RunningServer {
         addr,
