@@ -226,17 +226,15 @@ pub fn classify(protocol: Protocol, status: u16, body: &str) -> CallOutcome {
 /// The start of an answer for a detail. NULs are replaced: the detail is stored, and
 /// PostgreSQL cannot store a NUL in a text column.
 fn snippet(body: &str) -> String {
-    let body = body.trim();
-    let (kept, more) = if body.len() <= BODY_SNIPPET {
-        (body, "")
-    } else {
-        let mut end = BODY_SNIPPET;
-        while !body.is_char_boundary(end) {
-            end -= 1;
-        }
-        (&body[..end], "…")
-    };
-    format!("{}{more}", kept.replace('\0', "\u{FFFD}"))
+    let body = body.trim().replace('\0', "\u{FFFD}");
+    if body.len() <= BODY_SNIPPET {
+        return body;
+    }
+    let mut end = BODY_SNIPPET;
+    while !body.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &body[..end])
 }
 
 fn describe(e: &reqwest::Error) -> String {
@@ -362,9 +360,11 @@ mod tests {
     }
 
     #[test]
-    fn snippets_carry_no_nul() {
-        let s = snippet("a\0b");
-        assert_eq!(s, "a\u{FFFD}b");
+    fn snippets_carry_no_nul_and_stay_short() {
+        assert_eq!(snippet("a\0b"), "a\u{FFFD}b");
+        // The replacement is wider than a NUL: the cut comes after it.
+        let s = snippet(&"\0".repeat(1_000));
+        assert!(s.len() <= BODY_SNIPPET + "…".len(), "{}", s.len());
     }
 
     #[test]
