@@ -48,6 +48,11 @@ use serde_json::Value;
 /// A coordinator in this process with short timings, so tests of retries and timeouts
 /// take milliseconds.
 pub async fn coordinator(url: &str) -> RunningServer {
+    coordinator_with(url, |_| {}).await
+}
+
+/// [`coordinator`] with `tweak` applied to its configuration.
+pub async fn coordinator_with(url: &str, tweak: impl FnOnce(&mut ServerConfig)) -> RunningServer {
     let mut config = ServerConfig::new(url, "127.0.0.1:0".parse().unwrap());
     config.engine.recovery_interval = Duration::from_millis(50);
     config.engine.lease_ms = 3_000;
@@ -58,6 +63,7 @@ pub async fn coordinator(url: &str) -> RunningServer {
     config.connect.max_connections = 8;
     config.connect.sqlite_full_sync = false;
     config.wait_timeout = Duration::from_secs(20);
+    tweak(&mut config);
     idem::server::start(config)
         .await
         .expect("coordinator starts")
@@ -202,6 +208,35 @@ impl Child {
             .unwrap()
             .success();
         assert!(ok, "kill -{name} failed");
+    }
+}
+
+impl Child {
+    /// Waits until the process exits, polling up to `timeout`; `None` if it still runs.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.process.try_wait().unwrap() {
+                return Some(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// `VmRSS` and `VmHWM` (peak) of the process, in KiB, from `/proc`.
+    pub fn memory_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in /proc status"))
+        };
+        (field("VmRSS:"), field("VmHWM:"))
     }
 }
 
