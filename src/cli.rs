@@ -201,6 +201,25 @@ pub struct ServeArgs {
     /// Append the timeline of calls, faults and status changes to this file (JSON lines).
     #[arg(long)]
     pub record: Option<std::path::PathBuf>,
+    /// Bytes of a participant's answer that are read; the rest is not (a DTM answer's
+    /// FAILURE or ONGOING must be within them).
+    #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..=16 << 20))]
+    pub max_answer_bytes: u64,
+    /// How long a client may take to send one request, head and body, in ms: from its
+    /// first byte, or from the accept for a connection's first request. Past it, a head
+    /// still arriving closes the connection and a body still arriving is refused (400).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_read_timeout_ms: u64,
+    /// How long a keep-alive connection may wait for its next request, in ms.
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_ms: u64,
+    /// Open HTTP connections at most; more wait in the listen backlog until one closes.
+    #[arg(long, default_value_t = 4_096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_http_connections: u32,
+    /// Steps of a saga or msg, and branches of a TCC transaction (however they are
+    /// registered), at most; a request past it is refused (400 too_many_branches).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_branches: u32,
 }
 
 #[derive(Debug, Subcommand)]
@@ -280,6 +299,11 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
         config.fault_plan = Some(Arc::new(read_plan(path)?));
     }
     config.record = args.record.clone();
+    config.max_answer_bytes = args.max_answer_bytes as usize;
+    config.http.read_timeout = Duration::from_millis(args.request_read_timeout_ms);
+    config.http.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
+    config.http.max_connections = args.max_http_connections;
+    config.connect.max_branches = args.max_branches as usize;
     let running = server::start(config).await?;
     println!(
         "idem listening on {} ({})",

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod core;
 pub mod engine;
 pub mod faults;
+pub mod http_server;
 pub mod metrics;
 pub mod scenario;
 pub mod server;

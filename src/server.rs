@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use crate::api::{self, AppState};
 use crate::engine::{Engine, EngineConfig, Observer, SyncedClock};
 use crate::faults::{CrashOnPlan, FaultPlan, FaultyTransport, Observers, Timeline};
+use crate::http_server::{self, HttpLimits};
 use crate::store::{self, ConnectOptions, Store};
 use crate::transport::{HttpTransport, Transport};
 
@@ -35,6 +36,10 @@ pub struct ServerConfig {
     pub clock_skew_ms: i64,
     /// How often the offset to the database's clock is measured again.
     pub clock_sync_interval: Duration,
+    /// Timeouts and the connection cap of the API's HTTP server.
+    pub http: HttpLimits,
+    /// How much of a participant's answer is read (see `transport`).
+    pub max_answer_bytes: usize,
 }
 
 impl ServerConfig {
@@ -50,6 +55,8 @@ impl ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             clock_skew_ms: 0,
             clock_sync_interval: Duration::from_secs(30),
+            http: HttpLimits::default(),
+            max_answer_bytes: crate::transport::DEFAULT_MAX_ANSWER_BYTES,
         }
     }
 }
@@ -59,7 +66,7 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     pub engine: Arc<Engine>,
     shutdown: tokio::sync::oneshot::Sender<()>,
-    task: JoinHandle<std::io::Result<()>>,
+    task: JoinHandle<()>,
     grace: Duration,
     clock_sync: CancellationToken,
 }
@@ -77,9 +84,9 @@ impl RunningServer {
         self.engine.begin_shutdown();
         self.clock_sync.cancel();
         let _ = self.shutdown.send(());
-        let served = self.task.await.unwrap_or(Ok(()));
+        self.task.await.map_err(std::io::Error::other)?;
         self.engine.finish_shutdown(self.grace).await;
-        served
+        Ok(())
     }
 }
 
@@ -97,7 +104,8 @@ pub async fn open_store(
 pub async fn start(
     config: ServerConfig,
 ) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
-    let transport: Arc<dyn Transport> = Arc::new(HttpTransport::new()?);
+    let transport: Arc<dyn Transport> =
+        Arc::new(HttpTransport::with_answer_limit(config.max_answer_bytes)?);
     start_with(config, transport).await
 }
 
@@ -147,23 +155,15 @@ pub async fn start_with(
     let state = Arc::new(AppState {
         engine: Arc::clone(&engine),
         wait_timeout: config.wait_timeout,
+        max_branches: config.connect.max_branches,
     });
     let app = api::router(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     engine.release_own_leases().await?;
     tokio::spawn(Arc::clone(&engine).run_recovery());
-    let task = tokio::spawn(async move {
-        use axum::serve::ListenerExt;
-        // Small JSON answers go out at once instead of waiting for Nagle's timer.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.await;
-            })
-            .await
-    });
+    let task = tokio::spawn(http_server::serve(listener, app, config.http, async move {
+        let _ = rx.await;
+    }));
     tracing::info!(%addr, database = engine.store().backend(), node = engine.config().node, "idem is serving");
     Ok(RunningServer {
         addr,

@@ -4,6 +4,11 @@
 //! answer classified as a [`CallOutcome`]. The HTTP transport follows DTM's conventions so
 //! DTM-style participants work unchanged: `POST <branch url>?gid=..&trans_type=..&branch_id=..&op=..`
 //! with the registered payload as the body. Fault injection wraps this trait.
+//!
+//! A participant's answer is untrusted input: only its first [`DEFAULT_MAX_ANSWER_BYTES`]
+//! (or the configured bound) are read, so one huge answer cannot make the coordinator
+//! buffer it, and redirects are never followed, so a call goes only to the URL the client
+//! registered (a 3xx is an unknown outcome naming its `Location`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -46,20 +51,38 @@ pub trait Transport: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct HttpTransport {
     client: reqwest::Client,
+    max_answer: usize,
 }
 
 /// Bytes of a response body kept in an error message.
 const BODY_SNIPPET: usize = 300;
 
+/// How much of an answer is read by default. What idem keeps is the status and a
+/// 300-byte snippet; DTM's markers sit in a short JSON answer. 64 KiB leaves room for
+/// verbose error pages while bounding memory at about 64 MiB for the engine's 1,024
+/// concurrent calls.
+pub const DEFAULT_MAX_ANSWER_BYTES: usize = 64 * 1024;
+
 impl HttpTransport {
     pub fn new() -> Result<HttpTransport, reqwest::Error> {
+        HttpTransport::with_answer_limit(DEFAULT_MAX_ANSWER_BYTES)
+    }
+
+    /// Reads at most `max_answer` bytes of each answer's body.
+    pub fn with_answer_limit(max_answer: usize) -> Result<HttpTransport, reqwest::Error> {
         install_crypto_provider();
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5))
+            // A followed redirect would deliver the call to a URL nobody registered (and
+            // defeat any check of where calls may go); the 3xx is reported instead.
+            .redirect(reqwest::redirect::Policy::none())
             .build()?;
-        Ok(HttpTransport { client })
+        Ok(HttpTransport {
+            client,
+            max_answer: max_answer.max(1),
+        })
     }
 
     fn url(request: &CallRequest) -> Result<reqwest::Url, String> {
@@ -104,10 +127,15 @@ impl Transport for HttpTransport {
         let response = builder.send().await;
         let (outcome, status) = match response {
             Err(e) => (CallOutcome::Unknown(describe(&e)), None),
+            Ok(response) if response.status().is_redirection() => {
+                let status = response.status().as_u16();
+                let location = response.headers().get(reqwest::header::LOCATION);
+                (redirected(status, location), Some(status))
+            }
             Ok(response) => {
                 let status = response.status().as_u16();
-                match response.text().await {
-                    Ok(body) => (classify(request.protocol, status, &body), Some(status)),
+                match read_head(response, self.max_answer).await {
+                    Ok(head) => (head.classify(request.protocol, status), Some(status)),
                     Err(e) => (CallOutcome::Unknown(describe(&e)), Some(status)),
                 }
             }
@@ -121,8 +149,62 @@ impl Transport for HttpTransport {
     }
 }
 
+/// The first bytes of an answer's body, and whether there were more.
+struct Head {
+    text: String,
+    cut: Option<usize>,
+}
+
+impl Head {
+    fn classify(&self, protocol: Protocol, status: u16) -> CallOutcome {
+        let outcome = classify(protocol, status, &self.text);
+        let Some(max) = self.cut else {
+            return outcome;
+        };
+        let note = |detail: String| format!("{detail} (answer over {max} bytes, read no further)");
+        match outcome {
+            CallOutcome::Success => CallOutcome::Success,
+            CallOutcome::Failure(d) => CallOutcome::Failure(note(d)),
+            CallOutcome::InProgress(d) => CallOutcome::InProgress(note(d)),
+            CallOutcome::Unknown(d) => CallOutcome::Unknown(note(d)),
+        }
+    }
+}
+
+/// Reads the body chunk by chunk and stops after `max` bytes: what is kept of an answer
+/// is its status and a snippet, so the rest is never buffered. Dropping the response with
+/// body left unread closes that connection instead of returning it to the pool.
+async fn read_head(mut response: reqwest::Response, max: usize) -> Result<Head, reqwest::Error> {
+    let mut head = Vec::new();
+    let mut cut = None;
+    while let Some(chunk) = response.chunk().await? {
+        let room = max - head.len();
+        if chunk.len() > room {
+            head.extend_from_slice(&chunk[..room]);
+            cut = Some(max);
+            break;
+        }
+        head.extend_from_slice(&chunk);
+    }
+    // A cut may split a character; the lossy decoding marks it rather than failing.
+    let text = String::from_utf8_lossy(&head).into_owned();
+    Ok(Head { text, cut })
+}
+
+/// A 3xx: the participant did not say whether it did the work, and its answer points
+/// somewhere nobody registered. Unknown, so it is retried (and stalls or compensates once
+/// the attempts are used up), with the target in the detail for the operator.
+fn redirected(status: u16, location: Option<&reqwest::header::HeaderValue>) -> CallOutcome {
+    let target = match location {
+        Some(value) => snippet(&String::from_utf8_lossy(value.as_bytes())),
+        None => "nowhere (no Location header)".to_owned(),
+    };
+    CallOutcome::Unknown(format!("HTTP {status}: redirect to {target}, not followed"))
+}
+
 /// Reads a participant's answer. Native: by status code alone. DTM: a body that contains
-/// `ONGOING` or `FAILURE` says so whatever the status (DTM clients rely on it).
+/// `ONGOING` or `FAILURE` says so whatever the status (DTM clients rely on it); only the
+/// head that was read (see [`DEFAULT_MAX_ANSWER_BYTES`]) is searched.
 pub fn classify(protocol: Protocol, status: u16, body: &str) -> CallOutcome {
     let snippet = || snippet(body);
     if protocol == Protocol::Dtm {
@@ -141,10 +223,12 @@ pub fn classify(protocol: Protocol, status: u16, body: &str) -> CallOutcome {
     }
 }
 
+/// The start of an answer for a detail. NULs are replaced: the detail is stored, and
+/// PostgreSQL cannot store a NUL in a text column.
 fn snippet(body: &str) -> String {
-    let body = body.trim();
+    let body = body.trim().replace('\0', "\u{FFFD}");
     if body.len() <= BODY_SNIPPET {
-        return body.to_owned();
+        return body;
     }
     let mut end = BODY_SNIPPET;
     while !body.is_char_boundary(end) {
@@ -235,6 +319,52 @@ mod tests {
             HttpTransport::url(&request).unwrap().as_str(),
             "http://h:1/p?x=1&gid=g+1&trans_type=tcc&branch_id=01&op=confirm"
         );
+    }
+
+    #[test]
+    fn a_redirect_is_unknown_and_names_its_target() {
+        let location = reqwest::header::HeaderValue::from_static("http://elsewhere/x");
+        let CallOutcome::Unknown(detail) = redirected(307, Some(&location)) else {
+            panic!("a redirect must be unknown");
+        };
+        assert_eq!(
+            detail,
+            "HTTP 307: redirect to http://elsewhere/x, not followed"
+        );
+        let CallOutcome::Unknown(detail) = redirected(302, None) else {
+            panic!("a redirect must be unknown");
+        };
+        assert!(detail.contains("no Location"), "{detail}");
+    }
+
+    #[test]
+    fn a_cut_answer_says_so_and_is_classified_by_its_head() {
+        let head = |text: &str, cut| Head {
+            text: text.to_owned(),
+            cut,
+        };
+        let outcome = head(r#"{"dtm_result":"FAILURE"}"#, Some(64)).classify(Protocol::Dtm, 200);
+        let CallOutcome::Failure(detail) = outcome else {
+            panic!("FAILURE in the head is a failure: {outcome:?}");
+        };
+        assert!(
+            detail.ends_with("(answer over 64 bytes, read no further)"),
+            "{detail}"
+        );
+        assert_eq!(
+            head("x", Some(64)).classify(Protocol::Native, 204),
+            CallOutcome::Success
+        );
+        let outcome = head("oops", None).classify(Protocol::Native, 500);
+        assert_eq!(outcome, CallOutcome::Unknown("HTTP 500: oops".into()));
+    }
+
+    #[test]
+    fn snippets_carry_no_nul_and_stay_short() {
+        assert_eq!(snippet("a\0b"), "a\u{FFFD}b");
+        // The replacement is wider than a NUL: the cut comes after it.
+        let s = snippet(&"\0".repeat(1_000));
+        assert!(s.len() <= BODY_SNIPPET + "…".len(), "{}", s.len());
     }
 
     #[test]

@@ -221,6 +221,7 @@ async fn sigterm_answers_waits_stops_calling_and_leaves_the_rest_to_the_other_no
     let signalled = Instant::now();
     let status = stopping
         .wait_exit(Duration::from_secs(15))
+        .await
         .expect("exits within the grace and a margin");
     let exited = Instant::now();
     assert!(status.success(), "{status:?}");

@@ -23,8 +23,9 @@ use serde_json::{Number, Value, json};
 use super::AppState;
 use super::error::ApiError;
 use super::validate::{
-    Given, MAX_CUSTOM_DATA_LEN, Overrides, Unit, check_id, check_payload, check_reason, check_text,
-    check_url, decode_cursor, parse_body, parse_orders,
+    Given, MAX_CUSTOM_DATA_LEN, Overrides, Unit, check_branch_count, check_id, check_payload,
+    check_reason, check_text, check_url, decode_cursor, parse_body, parse_orders,
+    registration_error,
 };
 use crate::core::{
     Action, Branch, BranchStatus, Kind, Millis, Protocol, SagaStep, Status, TxOptions,
@@ -173,7 +174,8 @@ fn positive(v: &Option<Number>) -> Option<Number> {
     v.clone().filter(|n| n.as_i64().is_none_or(|v| v > 0))
 }
 
-fn parse(body: Result<Bytes, BytesRejection>, defaults: &TxOptions) -> Result<Trans, DtmError> {
+fn parse(body: Result<Bytes, BytesRejection>, app: &AppState) -> Result<Trans, DtmError> {
+    let defaults = &app.engine.config().defaults;
     let (req, _): (TransRequest, Value) = parse_body(body, None)?;
     let gid = req
         .gid
@@ -206,6 +208,7 @@ fn parse(body: Result<Bytes, BytesRejection>, defaults: &TxOptions) -> Result<Tr
     };
 
     let raw_steps = req.steps.clone().unwrap_or_default();
+    check_branch_count("steps", raw_steps.len(), app.max_branches)?;
     let payloads = req.payloads.clone().unwrap_or_default();
     let mut steps = Vec::with_capacity(raw_steps.len());
     for (i, step) in raw_steps.iter().enumerate() {
@@ -326,7 +329,7 @@ async fn prepare(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
-    let t = parse(body, &app.engine.config().defaults)?;
+    let t = parse(body, &app)?;
     if t.kind == Kind::Saga {
         return Err(ApiError::bad_request(
             "invalid_request",
@@ -371,7 +374,7 @@ async fn submit(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
-    let t = parse(body, &app.engine.config().defaults)?;
+    let t = parse(body, &app)?;
     match t.kind {
         Kind::Saga => {
             if t.steps.is_empty() {
@@ -410,7 +413,7 @@ async fn submit(
 }
 
 async fn abort(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> DtmResult {
-    let t = parse(body, &app.engine.config().defaults)?;
+    let t = parse(body, &app)?;
     check_reason("rollback_reason", t.reason.as_deref())?;
     let reason = t
         .reason
@@ -529,7 +532,7 @@ async fn register_branch(
             "no trans with gid: {gid} status: prepared found (it is {})",
             dtm_status(status)
         ))),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(registration_error(e).into()),
     }
 }
 

@@ -20,6 +20,8 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// How long a `wait_result` request waits at most.
     pub wait_timeout: Duration,
+    /// Branches (TCC) or steps (saga, msg) one transaction may have.
+    pub max_branches: usize,
 }
 
 /// Request bodies larger than this are refused with 413.

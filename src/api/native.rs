@@ -17,8 +17,8 @@ use serde_json::{Number, Value};
 use super::AppState;
 use super::error::ApiError;
 use super::validate::{
-    Given, Overrides, Unit, check_id, check_payload, check_reason, check_url, decode_cursor,
-    parse_body, parse_orders,
+    Given, Overrides, Unit, check_branch_count, check_id, check_payload, check_reason, check_url,
+    decode_cursor, parse_body, parse_orders, registration_error,
 };
 use crate::core::{
     Action, Branch, BranchStatus, CallOutcome, Kind, Millis, SagaStep, Status, Transaction,
@@ -214,6 +214,7 @@ async fn create(
                     "query_prepared is for msg transactions",
                 ));
             }
+            check_branch_count("steps", req.steps.len(), app.max_branches)?;
             let mut steps = Vec::new();
             for (i, s) in req.steps.iter().enumerate() {
                 check_url(&format!("steps[{i}].action"), &s.action)?;
@@ -255,6 +256,8 @@ async fn create(
                     "a msg takes steps, not branches",
                 ));
             }
+            check_branch_count("branches", req.branches.len(), app.max_branches)?;
+            check_branch_count("steps", req.steps.len(), app.max_branches)?;
             let now = app.engine.now();
             let mut branches = Vec::new();
             let mut seen = std::collections::BTreeSet::new();
@@ -355,7 +358,10 @@ async fn register(
             now,
         ));
     }
-    app.engine.register(&gid, branches).await?;
+    app.engine
+        .register(&gid, branches)
+        .await
+        .map_err(registration_error)?;
     let Some(_) = req.try_url else {
         return Ok((
             StatusCode::OK,

@@ -16,6 +16,9 @@ use serde_json::{Number, Value};
 
 use super::error::ApiError;
 use crate::core::{Millis, TxOptions};
+use crate::engine::EngineError;
+pub use crate::store::DEFAULT_MAX_BRANCHES;
+use crate::store::StoreError;
 
 /// Gids and branch ids (`VARCHAR(128)`).
 pub const MAX_ID_LEN: usize = 128;
@@ -201,6 +204,38 @@ pub fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), ApiError>
     Ok(())
 }
 
+// ---- branches per transaction -----------------------------------------------------------
+
+/// Steps of a saga or msg, or branches of a TCC transaction, at most `max` (the server's
+/// `--max-branches`, default [`DEFAULT_MAX_BRANCHES`]). Each one is rows written, a call
+/// per round (all at once in a concurrent saga) and part of every read of the
+/// transaction; without a bound one 1 MiB request could create some 12,000 of them.
+/// Counted before any other check, so such a request costs nothing more.
+pub fn check_branch_count(field: &str, count: usize, max: usize) -> Result<(), ApiError> {
+    if count > max {
+        return Err(too_many(format!(
+            "{field} has {count} entries; the limit is {max} per transaction"
+        )));
+    }
+    Ok(())
+}
+
+fn too_many(message: String) -> ApiError {
+    ApiError::bad_request("too_many_branches", message)
+}
+
+/// A registration's error for the client. The store counts a TCC transaction's branches
+/// when it adds one (under the row lock, so branches registered one by one or at the same
+/// time cannot pass the limit) and refuses past it.
+pub fn registration_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::Store(StoreError::TooManyBranches { count, max }) => too_many(format!(
+            "branches: the transaction would have {count}; the limit is {max} per transaction"
+        )),
+        other => other.into(),
+    }
+}
+
 // ---- numeric options --------------------------------------------------------------------
 
 /// The unit a front door gives a numeric option in.
@@ -383,238 +418,4 @@ pub fn decode_cursor(field: &str, cursor: &str) -> Result<(Millis, String), ApiE
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn code(r: Result<(), ApiError>) -> Option<&'static str> {
-        r.err().map(|e| e.code)
-    }
-
-    #[test]
-    fn ids_are_checked() {
-        assert!(check_id("gid", "invalid_gid", "order-1001:a.b_c").is_ok());
-        assert!(check_id("gid", "invalid_gid", "").is_err());
-        assert!(check_id("gid", "invalid_gid", "a b").is_err());
-        assert!(check_id("gid", "invalid_gid", "é").is_err());
-        assert!(check_id("gid", "invalid_gid", "a\0").is_err());
-        assert!(check_id("gid", "invalid_gid", &"a".repeat(129)).is_err());
-        assert!(check_id("gid", "invalid_gid", &"a".repeat(128)).is_ok());
-    }
-
-    #[test]
-    fn urls_are_checked() {
-        assert!(check_url("u", "http://127.0.0.1:8080/x?y=1").is_ok());
-        assert!(check_url("u", "https://h/x").is_ok());
-        assert!(check_url("u", "ftp://h/x").is_err());
-        assert!(check_url("u", "/relative").is_err());
-        assert!(check_url("u", "http://").is_err());
-        assert_eq!(code(check_url("u", "http://h/a\0b")), Some("invalid_url"));
-        assert_eq!(code(check_url("u", "http://h/a\nb")), Some("invalid_url"));
-        let at_limit = format!("http://h/{}", "a".repeat(MAX_URL_LEN - 9));
-        assert_eq!(at_limit.len(), MAX_URL_LEN);
-        assert!(check_url("u", &at_limit).is_ok());
-        let over = format!("{at_limit}a");
-        let e = check_url("steps[0].action", &over).unwrap_err();
-        assert_eq!(e.code, "too_long");
-        assert!(e.message.contains("steps[0].action") && e.message.contains("4096"));
-    }
-
-    #[test]
-    fn texts_have_a_limit_and_no_nul() {
-        assert!(check_reason("reason", None).is_ok());
-        assert!(check_reason("reason", Some(&"r".repeat(MAX_REASON_LEN))).is_ok());
-        let long = "r".repeat(MAX_REASON_LEN + 1);
-        assert_eq!(code(check_reason("reason", Some(&long))), Some("too_long"));
-        // The limit is in bytes: 513 two-byte characters are over 1,024.
-        let wide = "é".repeat(513);
-        assert_eq!(code(check_reason("reason", Some(&wide))), Some("too_long"));
-        assert_eq!(code(check_payload("p", "a\0b")), Some("invalid_text"));
-        assert!(check_payload("p", &"x".repeat(MAX_PAYLOAD_LEN)).is_ok());
-        assert_eq!(
-            code(check_payload("p", &"x".repeat(MAX_PAYLOAD_LEN + 1))),
-            Some("too_long")
-        );
-        // Messages quote at most a short prefix of what was sent.
-        let e = check_id("gid", "invalid_gid", &"é".repeat(100_000)).unwrap_err();
-        assert!(e.message.len() < 400, "{}", e.message);
-    }
-
-    fn headers(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn headers_are_tokens_with_visible_ascii_values() {
-        let ok = |pairs: &[(&str, &str)]| check_headers(&headers(pairs)).is_ok();
-        let code_of = |pairs: &[(&str, &str)]| code(check_headers(&headers(pairs)));
-        assert!(ok(&[
-            ("X-Tenant", "t1"),
-            ("authorization", "Bearer a b\tc")
-        ]));
-        assert!(ok(&[("x-empty", "")]));
-        assert!(ok(&[("!#$%&'*+-.^_`|~09az", "v")]));
-        for bad in ["a\r\nb", "é", "a\0", " lead", "trail ", "\tx", "a\x7f"] {
-            assert_eq!(code_of(&[("x", bad)]), Some("invalid_header"), "{bad:?}");
-        }
-        for bad in ["", "a b", "a:b", "é", "a\r\n", "(x)"] {
-            assert_eq!(code_of(&[(bad, "v")]), Some("invalid_header"), "{bad:?}");
-        }
-        for reserved in [
-            "Host",
-            "content-length",
-            "Content-Type",
-            "Transfer-Encoding",
-            "TE",
-        ] {
-            assert_eq!(code_of(&[(reserved, "v")]), Some("invalid_header"));
-        }
-        assert_eq!(
-            code_of(&[("X-A", "1"), ("x-a", "2")]),
-            Some("invalid_header")
-        );
-        let name = "n".repeat(MAX_HEADER_NAME_LEN + 1);
-        assert_eq!(code_of(&[(&name, "v")]), Some("too_long"));
-        assert!(ok(&[(&name[1..], "v")]));
-        let value = "v".repeat(MAX_HEADER_VALUE_LEN + 1);
-        assert_eq!(code_of(&[("x", &value)]), Some("too_long"));
-        assert!(ok(&[("x", &value[1..])]));
-        let many: BTreeMap<String, String> = (0..=MAX_HEADERS)
-            .map(|i| (format!("x-{i}"), "v".to_string()))
-            .collect();
-        assert_eq!(code(check_headers(&many)), Some("invalid_header"));
-    }
-
-    #[test]
-    fn accepted_headers_are_ones_the_http_client_sends() {
-        // Whatever passes here must not fail later at send time, call after call.
-        let names = ["x-tenant", "X-Mixed_Case.1", "!#$%&'*+-.^_`|~"];
-        let values = ["", "a", "Bearer x y\tz", &"~".repeat(MAX_HEADER_VALUE_LEN)];
-        for name in names {
-            for value in values {
-                assert!(check_headers(&headers(&[(name, value)])).is_ok());
-                assert!(reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_ok());
-                assert!(reqwest::header::HeaderValue::from_str(value).is_ok());
-            }
-        }
-    }
-
-    fn given(field: &'static str, unit: Unit, value: serde_json::Value) -> Option<Given> {
-        let value = serde_json::from_value(value).unwrap();
-        Some(Given { field, unit, value })
-    }
-
-    #[test]
-    fn numeric_options_are_integers_in_range() {
-        let base = TxOptions::default();
-        let timeout = |unit, v| {
-            Overrides {
-                timeout: given("timeout", unit, v),
-                ..Overrides::default()
-            }
-            .apply(base.clone())
-        };
-        let ms = |v| timeout(Unit::Millis, v).map(|o| o.timeout_ms);
-        assert_eq!(ms(serde_json::json!(1)), Ok(Some(1)));
-        assert_eq!(
-            ms(serde_json::json!(MAX_TIMEOUT_MS)),
-            Ok(Some(MAX_TIMEOUT_MS))
-        );
-        for bad in [
-            serde_json::json!(0),
-            serde_json::json!(-1),
-            serde_json::json!(1.5),
-            serde_json::json!(MAX_TIMEOUT_MS + 1),
-            serde_json::json!(9_223_372_036_854_775_808u64),
-            serde_json::json!(u64::MAX),
-            serde_json::json!(1e30),
-        ] {
-            let e = ms(bad.clone()).unwrap_err();
-            assert_eq!(e.code, "invalid_options", "{bad}");
-            assert!(e.message.contains("2592000000 ms"), "{}", e.message);
-        }
-        // Seconds are multiplied with overflow checked, and the bound is the same.
-        let s = |v| timeout(Unit::Seconds, v).map(|o| o.timeout_ms);
-        assert_eq!(s(serde_json::json!(2_592_000)), Ok(Some(MAX_TIMEOUT_MS)));
-        let e = s(serde_json::json!(i64::MAX)).unwrap_err();
-        assert!(e.message.contains("2592000 seconds"), "{}", e.message);
-        assert!(s(serde_json::json!(2_592_001)).is_err());
-    }
-
-    type Slot = fn(&mut Overrides) -> &mut Option<Given>;
-
-    #[test]
-    fn every_option_has_its_bound() {
-        let cases: [(Slot, u64); 6] = [
-            (|o| &mut o.request_timeout, MAX_REQUEST_TIMEOUT_MS),
-            (|o| &mut o.retry_interval, MAX_RETRY_INTERVAL_MS),
-            (|o| &mut o.max_retry_interval, MAX_MAX_RETRY_INTERVAL_MS),
-            (|o| &mut o.max_attempts, MAX_MAX_ATTEMPTS),
-            (|o| &mut o.max_in_progress, MAX_MAX_IN_PROGRESS_MS),
-            (|o| &mut o.timeout, MAX_TIMEOUT_MS),
-        ];
-        for (slot, max) in cases {
-            for (v, ok) in [(0, false), (1, true), (max, true), (max + 1, false)] {
-                let mut o = Overrides::default();
-                *slot(&mut o) = given("f", Unit::Millis, serde_json::json!(v));
-                assert_eq!(o.apply(TxOptions::default()).is_ok(), ok, "{v} of {max}");
-            }
-        }
-        let o = Overrides {
-            max_attempts: given("max_attempts", Unit::Count, serde_json::json!(7)),
-            max_in_progress: given("max_in_progress_ms", Unit::Millis, serde_json::json!(9)),
-            ..Overrides::default()
-        };
-        let resolved = o.apply(TxOptions::default()).unwrap();
-        assert_eq!((resolved.max_attempts, resolved.max_in_progress_ms), (7, 9));
-    }
-
-    #[test]
-    fn orders_must_name_steps_and_have_no_cycle() {
-        let o = |pairs: &[(&str, Vec<usize>)]| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.clone()))
-                .collect::<BTreeMap<_, _>>()
-        };
-        assert!(parse_orders(o(&[("2", vec![0, 1])]), 3).is_ok());
-        assert!(parse_orders(o(&[("2", vec![0, 0, 1])]), 3).is_ok());
-        assert!(parse_orders(o(&[("3", vec![0])]), 3).is_err());
-        assert!(parse_orders(o(&[("x", vec![0])]), 3).is_err());
-        assert!(parse_orders(o(&[("1", vec![1])]), 3).is_err());
-        assert!(parse_orders(o(&[("0", vec![1]), ("1", vec![0])]), 2).is_err());
-        assert!(parse_orders(o(&[("1", vec![2]), ("2", vec![1])]), 3).is_err());
-    }
-
-    #[test]
-    fn a_long_chain_of_orders_does_not_exhaust_the_stack() {
-        let n = 200_000;
-        let chain = |cycle: bool| {
-            let mut orders: BTreeMap<String, Vec<usize>> =
-                (1..n).map(|k| (k.to_string(), vec![k - 1])).collect();
-            if cycle {
-                orders.insert("0".into(), vec![n - 1]);
-            }
-            orders
-        };
-        assert!(parse_orders(chain(false), n).is_ok());
-        assert_eq!(
-            parse_orders(chain(true), n).unwrap_err(),
-            "orders contain a cycle"
-        );
-    }
-
-    #[test]
-    fn cursors_round_trip_and_refuse_what_no_server_gave() {
-        assert_eq!(
-            decode_cursor("cursor", "17:a:b"),
-            Ok((17, "a:b".to_owned()))
-        );
-        for bad in ["", "17", "x:a", "17:", "17:a\0", "17:a b"] {
-            let e = decode_cursor("cursor", bad).unwrap_err();
-            assert_eq!(e.code, "invalid_query", "{bad:?}");
-        }
-    }
-}
+mod tests;

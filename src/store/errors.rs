@@ -25,6 +25,8 @@ impl StoreError {
             StoreError::Corrupt(_) | StoreError::Migrate(_) | StoreError::UnsupportedUrl(_) => true,
             // The group-commit writer stopped: a shutdown, not the data.
             StoreError::Batch(_) => false,
+            // A refused request, not a failed write: nothing to retry.
+            StoreError::TooManyBranches { .. } => true,
         }
     }
 }

@@ -35,6 +35,10 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("write failed: {0}")]
     Batch(String),
+    /// A registration would take a transaction past [`ConnectOptions::max_branches`];
+    /// nothing was stored.
+    #[error("the transaction would have {count} branches; the limit is {max}")]
+    TooManyBranches { count: usize, max: usize },
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -204,13 +208,22 @@ pub struct ConnectOptions {
     /// SQLite: `synchronous=FULL` (fsync at every commit). Off, commits survive a crash
     /// of idem but not of the machine.
     pub sqlite_full_sync: bool,
+    /// Branches one TCC transaction may hold (branch ids, however many operations each
+    /// has). [`Store::register`] counts under the transaction's row lock, so concurrent
+    /// registrations cannot pass it together. The API refuses longer sagas and msgs before
+    /// they reach the store.
+    pub max_branches: usize,
 }
+
+/// Branches or steps per transaction unless the operator says otherwise (`--max-branches`).
+pub const DEFAULT_MAX_BRANCHES: usize = 100;
 
 impl Default for ConnectOptions {
     fn default() -> Self {
         ConnectOptions {
             max_connections: 16,
             sqlite_full_sync: true,
+            max_branches: DEFAULT_MAX_BRANCHES,
         }
     }
 }
@@ -218,15 +231,20 @@ impl Default for ConnectOptions {
 /// Opens the store the URL names: `sqlite:path`, `postgres://...` or `mysql://...`
 /// (MariaDB too). Does not migrate.
 pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Store>> {
+    let max = options.max_branches.max(1);
     if url.starts_with("sqlite:") {
         // SQLite has one writer at a time: concurrent transactions share commits.
-        let store = Arc::new(sqlite::connect(url, options).await?);
+        let store = Arc::new(sqlite::connect(url, options).await?.max_branches(max));
         store.start_group_commit();
         Ok(store)
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(postgres::connect(url, options).await?))
+        Ok(Arc::new(
+            postgres::connect(url, options).await?.max_branches(max),
+        ))
     } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-        Ok(Arc::new(mysql::connect(url, options).await?))
+        Ok(Arc::new(
+            mysql::connect(url, options).await?.max_branches(max),
+        ))
     } else {
         Err(StoreError::UnsupportedUrl(url.to_owned()))
     }

@@ -459,6 +459,8 @@ pub struct SqlStore<DB: Dialect> {
     pub sql: Statements,
     /// Set by [`SqlStore::start_group_commit`]: writes go through one writer task.
     batch: std::sync::OnceLock<tokio::sync::mpsc::Sender<Job>>,
+    /// See [`super::ConnectOptions::max_branches`].
+    max_branches: usize,
 }
 
 impl<DB: Dialect> SqlStore<DB> {
@@ -468,7 +470,14 @@ impl<DB: Dialect> SqlStore<DB> {
             lean: None,
             sql: Statements::new(DB::NUMBERED_PARAMETERS, DB::ON_DUPLICATE_DO_NOTHING),
             batch: std::sync::OnceLock::new(),
+            max_branches: super::DEFAULT_MAX_BRANCHES,
         }
+    }
+
+    /// Sets how many branches [`Store::register`] lets one transaction hold.
+    pub fn max_branches(mut self, max: usize) -> Self {
+        self.max_branches = max;
+        self
     }
 }
 
@@ -676,6 +685,22 @@ where
                 Ok(Registered::Stored)
             }
             Ok(core::Registration::New(new)) => {
+                // Counted under the row lock taken above, after any registration that held
+                // it before us committed: two registrations cannot both take the last place.
+                let ids: std::collections::HashSet<&str> = stored
+                    .tx
+                    .branches
+                    .iter()
+                    .chain(&new)
+                    .map(|b| b.branch_id.as_str())
+                    .collect();
+                if ids.len() > self.max_branches {
+                    db.rollback().await?;
+                    return Err(StoreError::TooManyBranches {
+                        count: ids.len(),
+                        max: self.max_branches,
+                    });
+                }
                 self.insert_branches(&mut db, gid, &new).await?;
                 db.commit().await?;
                 Ok(Registered::Stored)

@@ -21,6 +21,7 @@ pub async fn open(url: &str) -> Arc<dyn Store> {
     let options = ConnectOptions {
         max_connections: 8,
         sqlite_full_sync: false,
+        ..ConnectOptions::default()
     };
     let store = store::connect(url, &options)
         .await
@@ -50,8 +51,8 @@ pub async fn coordinator(url: &str) -> RunningServer {
     coordinator_with(url, |_| {}).await
 }
 
-/// [`coordinator`] with some settings changed.
-pub async fn coordinator_with(url: &str, change: impl FnOnce(&mut ServerConfig)) -> RunningServer {
+/// [`coordinator`] with `tweak` applied to its configuration.
+pub async fn coordinator_with(url: &str, tweak: impl FnOnce(&mut ServerConfig)) -> RunningServer {
     let mut config = ServerConfig::new(url, "127.0.0.1:0".parse().unwrap());
     config.engine.recovery_interval = Duration::from_millis(50);
     config.engine.lease_ms = 3_000;
@@ -62,7 +63,7 @@ pub async fn coordinator_with(url: &str, change: impl FnOnce(&mut ServerConfig))
     config.connect.max_connections = 8;
     config.connect.sqlite_full_sync = false;
     config.wait_timeout = Duration::from_secs(20);
-    change(&mut config);
+    tweak(&mut config);
     idem::server::start(config)
         .await
         .expect("coordinator starts")
@@ -195,20 +196,6 @@ impl Child {
         self.process.id()
     }
 
-    /// Waits for the process to exit by itself, up to `timeout`.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.process.try_wait().unwrap() {
-                return Some(status);
-            }
-            if std::time::Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
     /// SIGKILL: no shutdown, no lease handed back.
     pub fn kill(mut self) {
         self.process.kill().unwrap();
@@ -223,6 +210,35 @@ impl Child {
             .unwrap()
             .success();
         assert!(ok, "kill -{name} failed");
+    }
+}
+
+impl Child {
+    /// Waits until the process exits, polling up to `timeout`; `None` if it still runs.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.process.try_wait().unwrap() {
+                return Some(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// `VmRSS` and `VmHWM` (peak) of the process, in KiB, from `/proc`.
+    pub fn memory_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in /proc status"))
+        };
+        (field("VmRSS:"), field("VmHWM:"))
     }
 }
 
