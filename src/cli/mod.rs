@@ -14,13 +14,13 @@ mod bench;
 mod chaos;
 mod replay;
 mod serve;
-mod tx;
+pub mod tx;
 
 pub use bench::BenchArgs;
 pub use chaos::ChaosArgs;
 pub use replay::ReplayArgs;
 pub use serve::ServeArgs;
-pub use tx::TxCommand;
+pub use tx::{TargetArgs, TxCommand};
 
 /// The SQLite file used when no database is named: in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db?mode=rwc";
@@ -49,7 +49,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply the database migrations and exit.
     Migrate(DatabaseArgs),
-    /// Inspect and operate on transactions.
+    /// Inspect and operate on transactions, through a running coordinator's API (or, with
+    /// --database-url, on its database).
     #[command(subcommand)]
     Tx(TxCommand),
     /// Run a failure scenario file (or re-run a recorded run and compare) against the
