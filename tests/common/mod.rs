@@ -37,6 +37,7 @@ pub async fn cleanup(dbs: Vec<(TestDatabase, Arc<dyn Store>)>) {
     }
 }
 
+pub mod private_postgres;
 pub mod recorder;
 
 use std::time::Duration;
