@@ -14,4 +14,5 @@ pub mod metrics;
 pub mod scenario;
 pub mod server;
 pub mod store;
+pub mod timestamp;
 pub mod transport;

@@ -302,7 +302,7 @@ async fn paused_owner_cannot_overwrite_mariadb() {
     }
 }
 
-/// The operator's commands against the database a running server uses.
+/// The operator's commands through a running server's API.
 #[tokio::test]
 async fn operator_commands_list_show_retry_and_force_stop() {
     let db = TestDatabase::create(Backend::Sqlite, "operator_commands")
@@ -328,14 +328,7 @@ async fn operator_commands_list_show_retry_and_force_stop() {
             .await;
         assert_eq!(tx["status"], "stalled", "{tx:#}");
     }
-    let list = idem_cli(&[
-        "tx",
-        "list",
-        "--database-url",
-        &db.url,
-        "--status",
-        "stalled",
-    ]);
+    let list = idem_cli(&["tx", "list", "--server", &server.url, "--status", "stalled"]);
     assert!(
         list.contains("stuck-1") && list.contains("stuck-2"),
         "{list}"
@@ -345,24 +338,25 @@ async fn operator_commands_list_show_retry_and_force_stop() {
     let shown: serde_json::Value = serde_json::from_str(&idem_cli(&[
         "tx",
         "show",
-        "--database-url",
-        &db.url,
+        "--server",
+        &server.url,
         "stuck-1",
+        "--json",
     ]))
     .unwrap();
     assert_eq!(shown["status"], "stalled");
     assert_eq!(shown["history"].as_array().unwrap().len(), 2, "{shown:#}");
 
-    // retry releases the row; the running server's recovery loop completes it.
-    let out = idem_cli(&["tx", "retry", "--database-url", &db.url, "stuck-1"]);
+    // The server takes the retried transaction and completes it.
+    let out = idem_cli(&["tx", "retry", "--server", &server.url, "stuck-1"]);
     assert!(out.contains("committing"), "{out}");
     api.wait_status("stuck-1", &["succeeded"], WAIT).await;
 
     let out = idem_cli(&[
         "tx",
         "force-stop",
-        "--database-url",
-        &db.url,
+        "--server",
+        &server.url,
         "stuck-2",
         "--reason",
         "refunded by hand",

@@ -50,6 +50,7 @@ async fn run_file(name: &str) {
             coupon_db: dbs[3].url.clone(),
             work_dir: work_dir.clone(),
             progress: false,
+            db_restart_command: None,
         };
         let report = scenario::run(&scenario, &config)
             .await

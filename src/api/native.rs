@@ -25,7 +25,7 @@ use crate::core::{
     TxOptions,
 };
 use crate::engine::{NewPrepared, NewSaga};
-use crate::store::{AttemptRecord, ListFilter, StoredTx};
+use crate::store::{AttemptRecord, ListFilter, Page, StoredTx};
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -527,11 +527,16 @@ async fn list(
         .list(&filter)
         .await
         .map_err(crate::engine::EngineError::from)?;
+    Ok(Json(page_view(&page)))
+}
+
+/// A page of the list as the API answers it; `idem tx list --database-url` prints the same.
+pub fn page_view(page: &Page) -> Value {
     let items: Vec<TxView> = page.items.iter().map(|s| TxView::new(s, None)).collect();
-    Ok(Json(serde_json::json!({
+    serde_json::json!({
         "transactions": items,
-        "next_cursor": page.next.map(|(at, gid)| format!("{at}:{gid}")),
-    })))
+        "next_cursor": page.next.as_ref().map(|(at, gid)| format!("{at}:{gid}")),
+    })
 }
 
 // ---- views -----------------------------------------------------------------------------

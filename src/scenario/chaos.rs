@@ -1,6 +1,7 @@
 //! The chaos run: many orders, random faults on a share of the participant calls,
 //! coordinators killed with SIGKILL along the way, long outages that outlast the retry
-//! budget, and the invariants checked at the end.
+//! budget, database restarts, a coordinator with a skewed clock, and the invariants checked
+//! at the end.
 
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
@@ -28,6 +29,10 @@ pub struct ChaosConfig {
     pub outages: usize,
     /// Orders each outage hits; 0: one in fifty of the orders, at least ten.
     pub outage_orders: usize,
+    /// Restarts of the database server, spread over the orders.
+    pub db_restarts: u32,
+    /// The last coordinator's wall clock runs this many ms off.
+    pub skewed_clock_ms: Option<i64>,
 }
 
 impl Default for ChaosConfig {
@@ -42,6 +47,8 @@ impl Default for ChaosConfig {
             seed: 42,
             outages: 2,
             outage_orders: 0,
+            db_restarts: 0,
+            skewed_clock_ms: None,
         }
     }
 }
@@ -218,6 +225,8 @@ pub fn scenario(config: &ChaosConfig) -> Scenario {
             try_timeout_ms: 3_000,
             kill_every_ms: (config.kills > 0).then_some(config.kill_every_ms),
             kills: config.kills,
+            db_restarts: config.db_restarts,
+            skewed_clock_ms: config.skewed_clock_ms,
         },
         stock,
         accounts,

@@ -5,7 +5,8 @@
 //! never go negative; a succeeded order's effects are applied exactly once and a failed
 //! order's are fully undone, checked on each participant's ledger row; no coupon is issued
 //! twice; no branch operation is called past its attempt cap. With long outages: each met
-//! some order, and every order it met was seen stalled before the operator's retry.
+//! some order, and every order it met was seen stalled before the operator's retry. With
+//! database restarts: each one happened, and the server came back.
 
 use std::collections::BTreeMap;
 
@@ -203,6 +204,7 @@ pub fn check(scenario: &Scenario, report: &mut Report) {
     }
     bounded_attempts(scenario, report, &mut v);
     super::outage::check(scenario, report, &mut v);
+    super::restarts::check(scenario, report, &mut v);
 
     let e = &scenario.expect;
     for (gid, want) in &e.status {

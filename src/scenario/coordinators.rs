@@ -1,5 +1,6 @@
 //! Coordinator child processes (`idem serve`), restarted by a supervisor when they die.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
@@ -25,37 +26,71 @@ struct Launch {
     plan_file: PathBuf,
     timeline: PathBuf,
     settings: Settings,
+    /// This coordinator's wall clock runs this many ms off (test builds of `idem serve`).
+    clock_offset_ms: Option<i64>,
+}
+
+/// How long a supervisor keeps trying to bring a coordinator back: `idem serve` exits at
+/// once when it cannot reach its database, which a database restart makes happen.
+const RESTART_PATIENCE: Duration = Duration::from_secs(120);
+
+/// The clock offset of coordinator `i` of `n`: the skew, if any, goes to the last one (so
+/// with one coordinator, to it).
+fn clock_offset(settings: &Settings, i: usize, n: usize) -> Option<i64> {
+    settings.skewed_clock_ms.filter(|_| i + 1 == n)
 }
 
 impl Launch {
+    /// `idem serve`'s arguments.
+    fn args(&self) -> Vec<OsString> {
+        let s = &self.settings;
+        let mut args: Vec<OsString> = [
+            "serve",
+            "--database-url",
+            &self.db,
+            "--listen",
+            "127.0.0.1:0",
+            "--node",
+            &self.node,
+            "--lease-ms",
+            &s.lease_ms.to_string(),
+            "--recovery-interval-ms",
+            "100",
+            "--retry-interval-ms",
+            &s.retry_interval_ms.to_string(),
+            "--max-retry-interval-ms",
+            &s.max_retry_interval_ms.to_string(),
+            "--max-attempts",
+            &s.max_attempts.to_string(),
+            "--request-timeout-ms",
+            &s.request_timeout_ms.to_string(),
+            "--prepared-timeout-ms",
+            &s.prepared_timeout_ms.to_string(),
+            "--sqlite-full-sync",
+            "false",
+            "--max-connections",
+            "8",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        args.extend([
+            "--fault-plan".into(),
+            self.plan_file.clone().into(),
+            "--record".into(),
+            self.timeline.clone().into(),
+        ]);
+        if let Some(offset) = self.clock_offset_ms {
+            args.extend(["--test-clock-offset-ms".into(), offset.to_string().into()]);
+        }
+        args
+    }
+
     async fn spawn(&self) -> Result<(tokio::process::Child, String), Error> {
         use tokio::io::AsyncBufReadExt;
         std::fs::write(&self.plan_file, serde_json::to_string_pretty(&self.plan)?)?;
-        let s = &self.settings;
         let mut child = tokio::process::Command::new(&self.bin)
-            .args([
-                "serve",
-                "--database-url",
-                &self.db,
-                "--listen",
-                "127.0.0.1:0",
-            ])
-            .args(["--node", &self.node])
-            .args(["--lease-ms", &s.lease_ms.to_string()])
-            .args(["--recovery-interval-ms", "100"])
-            .args(["--retry-interval-ms", &s.retry_interval_ms.to_string()])
-            .args([
-                "--max-retry-interval-ms",
-                &s.max_retry_interval_ms.to_string(),
-            ])
-            .args(["--max-attempts", &s.max_attempts.to_string()])
-            .args(["--request-timeout-ms", &s.request_timeout_ms.to_string()])
-            .args(["--prepared-timeout-ms", &s.prepared_timeout_ms.to_string()])
-            .args(["--sqlite-full-sync", "false", "--max-connections", "8"])
-            .arg("--fault-plan")
-            .arg(&self.plan_file)
-            .arg("--record")
-            .arg(&self.timeline)
+            .args(self.args())
             .env("RUST_LOG", "error")
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
@@ -124,6 +159,7 @@ impl Coordinators {
                 plan_file: config.work_dir.join(format!("plan-c{i}.json")),
                 timeline: timeline.to_owned(),
                 settings: scenario.settings.clone(),
+                clock_offset_ms: clock_offset(&scenario.settings, i, n),
             };
             let (mut child, url) = launch.spawn().await?;
             urls.write().expect("poisoned")[i] = url;
@@ -137,22 +173,36 @@ impl Coordinators {
             tasks.push(tokio::spawn(async move {
                 loop {
                     let _ = child.wait().await;
+                    // A dead child's pid may be handed to another process: never signal it.
+                    pids.write().expect("poisoned")[i] = None;
                     if stopping.load(Ordering::SeqCst) {
                         return;
                     }
                     restarts.fetch_add(1, Ordering::SeqCst);
                     launch.drop_fired_crashes();
-                    match launch.spawn().await {
-                        Ok((c, url)) => {
-                            pids.write().expect("poisoned")[i] = c.id();
-                            urls.write().expect("poisoned")[i] = url;
-                            child = c;
+                    let deadline = tokio::time::Instant::now() + RESTART_PATIENCE;
+                    child = loop {
+                        match launch.spawn().await {
+                            Ok((c, url)) => {
+                                pids.write().expect("poisoned")[i] = c.id();
+                                urls.write().expect("poisoned")[i] = url;
+                                if stopping.load(Ordering::SeqCst) {
+                                    // The run ended while it started: dropping it kills it.
+                                    return;
+                                }
+                                break c;
+                            }
+                            Err(e) if tokio::time::Instant::now() > deadline => {
+                                eprintln!("cannot restart coordinator c{i}: {e}");
+                                return;
+                            }
+                            // Its database is restarting, most likely: try again shortly.
+                            Err(_) if !stopping.load(Ordering::SeqCst) => {
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                            Err(_) => return,
                         }
-                        Err(e) => {
-                            eprintln!("cannot restart coordinator c{i}: {e}");
-                            return;
-                        }
-                    }
+                    };
                 }
             }));
         }
@@ -192,5 +242,62 @@ impl Coordinators {
             let _ = t.await;
         }
         self.restarts.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(settings: Settings, i: usize, n: usize) -> Launch {
+        Launch {
+            bin: "idem".into(),
+            db: "sqlite:c.db".into(),
+            node: format!("c{i}"),
+            plan: FaultPlan::default(),
+            plan_file: "plan.json".into(),
+            timeline: "timeline.jsonl".into(),
+            clock_offset_ms: clock_offset(&settings, i, n),
+            settings,
+        }
+    }
+
+    fn args(l: &Launch) -> Vec<String> {
+        l.args()
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect()
+    }
+
+    /// What `--skewed-clock-ms` makes of the coordinators' command lines. (`idem serve`
+    /// learns `--test-clock-offset-ms` on another branch; the run with it is
+    /// `tests/chaos.rs`, which waits for the flag to exist.)
+    #[test]
+    fn the_last_coordinator_gets_the_clock_offset() {
+        let skewed = Settings {
+            skewed_clock_ms: Some(-60_000),
+            ..Settings::default()
+        };
+        for i in 0..2 {
+            assert!(
+                !args(&launch(skewed.clone(), i, 3)).contains(&"--test-clock-offset-ms".into())
+            );
+        }
+        let last = args(&launch(skewed.clone(), 2, 3));
+        let at = last
+            .iter()
+            .position(|a| a == "--test-clock-offset-ms")
+            .expect("the flag");
+        assert_eq!(last[at + 1], "-60000");
+        // The rest of the command line is the same as without the skew.
+        let plain = args(&launch(Settings::default(), 2, 3));
+        assert_eq!(last[..at], plain[..]);
+        assert_eq!(last.len(), plain.len() + 2);
+        assert!(args(&launch(skewed, 0, 1)).contains(&"--test-clock-offset-ms".into()));
+        let node = plain.iter().position(|a| a == "--node").unwrap();
+        assert_eq!(
+            (plain[0].as_str(), plain[node + 1].as_str()),
+            ("serve", "c2")
+        );
     }
 }

@@ -8,7 +8,7 @@
 //! client: it creates transactions, calls TCC Trys itself, submits or aborts, and retries a
 //! request whose coordinator died under it — with the same gid, which is what makes that safe.
 //! It also plays the operator: it heals long outages once the orders they hit have settled,
-//! and retries what stalled.
+//! and retries what stalled. And it can restart the database server mid-run (`restarts`).
 //!
 //! Used by `tests/scenarios.rs` (the files in `tests/scenarios/`), `idem replay` and
 //! `idem chaos`.
@@ -31,16 +31,19 @@ mod coordinators;
 mod outage;
 mod participants;
 mod report;
+mod restarts;
 
 pub use chaos::{ChaosConfig, planned_to_fail, scenario as chaos_scenario};
 pub use checks::check;
 pub use outage::{Outage, OutageHit};
 pub use participants::Participants;
 pub use report::Report;
+pub use restarts::DbRestart;
 
 use client::Client;
 use coordinators::Coordinators;
 use outage::Outages;
+use restarts::Restarter;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -99,6 +102,19 @@ pub struct Settings {
     /// SIGKILL a coordinator this often (chaos), this many times in all.
     pub kill_every_ms: Option<u64>,
     pub kills: u32,
+    /// Restarts of the database server, spread over the orders (the run's
+    /// `RunConfig::db_restart_command` does them).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub db_restarts: u32,
+    /// The last coordinator runs with its wall clock shifted by this many ms
+    /// (`idem serve --test-clock-offset-ms`): leases and timeouts are compared on the
+    /// database's clock, so the skew must change nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skewed_clock_ms: Option<i64>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Default for Settings {
@@ -113,6 +129,8 @@ impl Default for Settings {
             try_timeout_ms: 2_000,
             kill_every_ms: None,
             kills: 0,
+            db_restarts: 0,
+            skewed_clock_ms: None,
         }
     }
 }
@@ -233,6 +251,9 @@ pub struct RunConfig {
     pub work_dir: PathBuf,
     /// Print progress (chaos runs).
     pub progress: bool,
+    /// A shell command that restarts the database server the databases above are on, for
+    /// scenarios with `db_restarts`.
+    pub db_restart_command: Option<String>,
 }
 
 impl RunConfig {
@@ -247,6 +268,7 @@ impl RunConfig {
             coupon_db: file("coupon.db"),
             work_dir,
             progress: false,
+            db_restart_command: None,
         }
     }
 }
@@ -264,8 +286,23 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     let started = Instant::now();
     let timeline_file = config.work_dir.join("timeline.jsonl");
     let _ = std::fs::remove_file(&timeline_file);
+    let restarter = match (scenario.settings.db_restarts, &config.db_restart_command) {
+        (0, _) => None,
+        (_, Some(command)) => Some(Restarter::start(
+            command.clone(),
+            config.coordinator_db.clone(),
+            config.work_dir.join("db-restart.log"),
+        )),
+        (n, None) => {
+            return Err(format!(
+                "the scenario restarts the database {n} times, but the run has no restart command"
+            )
+            .into());
+        }
+    };
+    let restart_at = restarts::points(scenario.orders.len(), scenario.settings.db_restarts);
     let outages = Outages::new(scenario);
-    let participants = Participants::start(scenario, config, &outages).await?;
+    let mut participants = Participants::start(scenario, config, &outages).await?;
     let coordinators = Arc::new(Coordinators::start(scenario, config, &timeline_file).await?);
     let client = Arc::new(Client::new(
         Arc::clone(&coordinators),
@@ -299,6 +336,11 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     let mut tasks = Vec::new();
     for (i, order) in scenario.orders.iter().cloned().enumerate() {
         let permit = Arc::clone(&semaphore).acquire_owned().await?;
+        if let Some(restarter) = &restarter {
+            for _ in restart_at.iter().filter(|&&at| at == i) {
+                restarter.trigger(i);
+            }
+        }
         let client = Arc::clone(&client);
         let outages = Arc::clone(&outages);
         let bar = progress.clone();
@@ -339,6 +381,9 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     if let Some(k) = killer {
         let _ = k.await;
     }
+    if let Some(restarter) = restarter {
+        report.db_restarts = restarter.finish().await;
+    }
     if let Some(bar) = &progress {
         bar.finish_with_message("done");
     }
@@ -376,6 +421,9 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     report.timeline = Timeline::read(&timeline_file).unwrap_or_default();
     report.deliveries = participants.faults.deliveries();
     outages.record(&mut report);
+    if !report.db_restarts.is_empty() {
+        participants.reconnect(config).await?;
+    }
     checks::collect(scenario, &participants, &mut report).await?;
     checks::check(scenario, &mut report);
     participants.stop().await;

@@ -78,6 +78,16 @@ impl Participants {
         })
     }
 
+    /// Fresh pools for the runner's own reads: after a database restart the pools' idle
+    /// connections may be dead (the participants' pools do not ping before use), and the
+    /// checks must read the final state, not meet a stale socket. The services keep theirs.
+    pub(super) async fn reconnect(&mut self, config: &RunConfig) -> Result<(), Error> {
+        self.inventory = idem_demo::connect(&config.inventory_db).await?;
+        self.payment = idem_demo::connect(&config.payment_db).await?;
+        self.coupon = idem_demo::connect(&config.coupon_db).await?;
+        Ok(())
+    }
+
     pub async fn stop(self) {
         for s in self.services {
             let _ = s.stop().await;

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::OutageHit;
+use super::{DbRestart, OutageHit};
 use crate::core::Status;
 use crate::faults::{CallKey, Delivery, TimelineEvent, fault_signature};
 
@@ -33,6 +33,9 @@ pub struct Report {
     pub deliveries: Vec<Delivery>,
     /// Coordinator processes restarted after a SIGKILL or a crash point.
     pub restarts: u32,
+    /// Restarts of the database server, in order.
+    #[serde(default)]
+    pub db_restarts: Vec<DbRestart>,
     pub violations: Vec<String>,
     pub wall_ms: u64,
 }
@@ -98,6 +101,7 @@ impl Report {
                 self.restarts
             ),
         ];
+        lines.extend(super::restarts::describe(&self.db_restarts));
         if !self.healed_at.is_empty() || !self.outage_hits.is_empty() {
             let met: BTreeSet<&str> = self.outage_hits.iter().map(|h| h.gid.as_str()).collect();
             lines.push(format!(

@@ -249,3 +249,16 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Stor
         Err(StoreError::UnsupportedUrl(url.to_owned()))
     }
 }
+
+/// Opens the store of a database that exists already; never creates one (an SQLite file
+/// that is not there is an error) and does not migrate. For the operator's commands.
+pub async fn connect_existing(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        let store = Arc::new(sqlite::connect_existing(url, options).await?);
+        store.start_group_commit();
+        Ok(store)
+    } else {
+        // Connecting to a server never creates its database.
+        connect(url, options).await
+    }
+}

@@ -74,15 +74,29 @@ impl Dialect for Sqlite {
 }
 
 pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<Sqlite>> {
-    let connect = SqliteConnectOptions::from_str(url)?
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
+    open(url, options, true).await
+}
+
+/// Opens a database file that must exist already, for the operator's commands: a
+/// mistyped path or the wrong working directory must be an error, not a new empty
+/// database. Its journal mode stays as the coordinator set it.
+pub async fn connect_existing(url: &str, options: &ConnectOptions) -> Result<SqlStore<Sqlite>> {
+    open(url, options, false).await
+}
+
+async fn open(url: &str, options: &ConnectOptions, create: bool) -> Result<SqlStore<Sqlite>> {
+    // `create_if_missing` overrides the URL's `mode=rwc`, so the caller's choice holds.
+    let mut connect = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(create)
         .synchronous(if options.sqlite_full_sync {
             SqliteSynchronous::Full
         } else {
             SqliteSynchronous::Normal
         })
         .busy_timeout(Duration::from_secs(10));
+    if create {
+        connect = connect.journal_mode(SqliteJournalMode::Wal);
+    }
     let pool = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .max_connections(options.max_connections.clamp(1, 8))

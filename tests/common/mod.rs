@@ -38,6 +38,7 @@ pub async fn cleanup(dbs: Vec<(TestDatabase, Arc<dyn Store>)>) {
     }
 }
 
+pub mod private_postgres;
 pub mod recorder;
 
 use std::time::Duration;
@@ -252,15 +253,30 @@ impl Drop for Child {
 /// Runs the `idem` command (an operator's tool) and returns what it printed; panics when it
 /// fails.
 pub fn idem_cli(args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("idem runs");
+    let out = idem_run(args, &[]);
     assert!(
         out.status.success(),
         "idem {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs the `idem` command with these environment variables and returns how it ended.
+/// `IDEM_SERVER` and `IDEM_DATABASE_URL` from the developer's shell are left out, so that
+/// only what the test says decides where the command goes.
+pub fn idem_run(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    idem_command(args, env).output().expect("idem runs")
+}
+
+/// The `idem` command, ready to spawn (see [`idem_run`]).
+pub fn idem_command(args: &[&str], env: &[(&str, &str)]) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+    command
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("IDEM_SERVER")
+        .env_remove("IDEM_DATABASE_URL")
+        .envs(env.iter().copied());
+    command
 }

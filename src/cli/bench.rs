@@ -1,0 +1,67 @@
+//! `idem bench`: the load test.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use super::BoxError;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value = "tcc")]
+    pub workload: crate::bench::Workload,
+    /// sqlite, postgres or mysql (coordinator and participants on the same server).
+    #[arg(long, default_value = "sqlite")]
+    pub backend: String,
+    #[arg(long, default_value_t = 32)]
+    pub clients: usize,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 20)]
+    pub duration: u64,
+    /// Seconds run before measuring.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u64,
+    /// Transactions in the SQL-counting pass (0 skips it).
+    #[arg(long, default_value_t = 200)]
+    pub count: usize,
+    /// Write the result as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// An extra `idem serve` argument for the coordinator (repeatable).
+    #[arg(long = "serve-arg", allow_hyphen_values = true)]
+    pub serve_args: Vec<String>,
+    /// Inflight and recovery workloads: how many transactions.
+    #[arg(long, default_value_t = 10_000)]
+    pub inflight: usize,
+    /// Inflight workload: how long the participant takes per call, in ms.
+    #[arg(long, default_value_t = 2_000)]
+    pub participant_delay_ms: u64,
+    /// Then run the limit script (bench/limit/, PostgreSQL with pgbench) with the same
+    /// clients and duration, and print idem's share of it. Run from the checkout root.
+    #[arg(long)]
+    pub limit: bool,
+}
+
+pub(super) async fn bench(args: BenchArgs) -> Result<(), BoxError> {
+    let config = crate::bench::BenchConfig {
+        workload: args.workload,
+        backend: args.backend,
+        clients: args.clients.max(1),
+        duration: Duration::from_secs(args.duration.max(1)),
+        warmup: Duration::from_secs(args.warmup),
+        count: args.count,
+        idem_bin: std::env::current_exe()?,
+        serve_args: args.serve_args,
+        progress: true,
+        inflight: args.inflight,
+        limit_root: args.limit.then(std::env::current_dir).transpose()?,
+        participant_delay: Duration::from_millis(args.participant_delay_ms),
+    };
+    let result = crate::bench::run(&config).await?;
+    print!("{}", result.table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! `idem serve`: the coordinator.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{BoxError, DatabaseArgs, read_plan, redact};
+use crate::server::{self, ServerConfig};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// Address and port of the HTTP API.
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8686")]
+    pub listen: SocketAddr,
+    /// Name of this coordinator in owner tokens and logs (default: host name and port).
+    /// Give it only when no other live process uses the same name (a StatefulSet's pod
+    /// name, one systemd unit per name): a restarted process then resumes its
+    /// predecessor's transactions at once instead of after their leases.
+    #[arg(long, env = "IDEM_NODE")]
+    pub node: Option<String>,
+    /// Lease of a transaction being driven, in ms: how soon another coordinator takes
+    /// over after this one dies.
+    #[arg(long, default_value_t = 15_000)]
+    pub lease_ms: i64,
+    /// How often to look for transactions nobody drives, in ms.
+    #[arg(long, default_value_t = 1_000)]
+    pub recovery_interval_ms: u64,
+    /// Default timeout of one call to a participant, in ms.
+    #[arg(long, default_value_t = 5_000)]
+    pub request_timeout_ms: u64,
+    /// Default first retry delay, in ms (doubled per attempt).
+    #[arg(long, default_value_t = 1_000)]
+    pub retry_interval_ms: u64,
+    /// Default cap on the retry delay, in ms.
+    #[arg(long, default_value_t = 60_000)]
+    pub max_retry_interval_ms: u64,
+    /// Default attempts per branch operation before it stalls (or a saga compensates).
+    #[arg(long, default_value_t = 12)]
+    pub max_attempts: u32,
+    /// Default longest time one branch operation may keep answering "in progress" (425
+    /// or DTM's ONGOING), in ms; past it the call counts as failed for good (a saga
+    /// compensates, a Confirm or Cancel stalls).
+    #[arg(long, default_value_t = crate::core::DEFAULT_MAX_IN_PROGRESS_MS)]
+    pub max_in_progress_ms: u64,
+    /// Default global timeout of a prepared TCC or msg transaction, in ms.
+    #[arg(long, default_value_t = 60_000)]
+    pub prepared_timeout_ms: u64,
+    /// Database connections.
+    #[arg(long, default_value_t = 16)]
+    pub max_connections: u32,
+    /// SQLite: fsync at every commit (off: a machine crash may lose the last commits;
+    /// a crash of idem alone loses nothing).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub sqlite_full_sync: bool,
+    /// How long a wait_result request waits at most, in ms.
+    #[arg(long, default_value_t = 30_000)]
+    pub wait_timeout_ms: u64,
+    /// On SIGTERM, how long calls in flight may take to finish, in ms, before they are
+    /// stopped and the leases handed back.
+    #[arg(long, default_value_t = 10_000)]
+    pub shutdown_timeout_ms: u64,
+    /// Testing only: shifts this process's wall clock (idem reads time on the database's
+    /// clock, so a skewed host must not matter).
+    #[arg(long, default_value_t = 0, hide = true, allow_hyphen_values = true)]
+    pub test_clock_offset_ms: i64,
+    /// A fault plan (JSON, or TOML by extension) to inject into participant calls and
+    /// crash points. For testing and failure replay only.
+    #[arg(long)]
+    pub fault_plan: Option<std::path::PathBuf>,
+    /// Append the timeline of calls, faults and status changes to this file (JSON lines).
+    #[arg(long)]
+    pub record: Option<std::path::PathBuf>,
+    /// Bytes of a participant's answer that are read; the rest is not (a DTM answer's
+    /// FAILURE or ONGOING must be within them).
+    #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..=16 << 20))]
+    pub max_answer_bytes: u64,
+    /// How long a client may take to send one request, head and body, in ms: from its
+    /// first byte, or from the accept for a connection's first request. Past it, a head
+    /// still arriving closes the connection and a body still arriving is refused (400).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_read_timeout_ms: u64,
+    /// How long a keep-alive connection may wait for its next request, in ms.
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_ms: u64,
+    /// Open HTTP connections at most; more wait in the listen backlog until one closes.
+    #[arg(long, default_value_t = 4_096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_http_connections: u32,
+    /// Steps of a saga or msg, and branches of a TCC transaction (however they are
+    /// registered), at most; a request past it is refused (400 too_many_branches).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_branches: u32,
+}
+
+/// Runs `idem serve`. (`serve` itself is private to this module, as it was in `cli.rs`.)
+pub(super) async fn run(args: ServeArgs) -> Result<(), BoxError> {
+    serve(args).await
+}
+
+async fn serve(args: ServeArgs) -> Result<(), BoxError> {
+    let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
+    config.engine.node_is_unique = args.node.is_some();
+    config.engine.node = args.node.unwrap_or_else(|| default_node(args.listen));
+    config.engine.lease_ms = args.lease_ms.max(1_000);
+    config.engine.recovery_interval = Duration::from_millis(args.recovery_interval_ms.max(10));
+    config.engine.defaults.request_timeout_ms = args.request_timeout_ms;
+    config.engine.defaults.retry_interval_ms = args.retry_interval_ms;
+    config.engine.defaults.max_retry_interval_ms = args.max_retry_interval_ms;
+    config.engine.defaults.max_attempts = args.max_attempts.max(1);
+    config.engine.defaults.max_in_progress_ms = args.max_in_progress_ms.max(1);
+    config.engine.prepared_timeout_ms = args.prepared_timeout_ms;
+    config.connect.max_connections = args.max_connections.max(1);
+    config.connect.sqlite_full_sync = args.sqlite_full_sync;
+    config.wait_timeout = Duration::from_millis(args.wait_timeout_ms);
+    config.shutdown_grace = Duration::from_millis(args.shutdown_timeout_ms);
+    config.clock_skew_ms = args.test_clock_offset_ms;
+    if let Some(path) = &args.fault_plan {
+        config.fault_plan = Some(Arc::new(read_plan(path)?));
+    }
+    config.record = args.record.clone();
+    config.max_answer_bytes = args.max_answer_bytes as usize;
+    config.http.read_timeout = Duration::from_millis(args.request_read_timeout_ms);
+    config.http.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
+    config.http.max_connections = args.max_http_connections;
+    config.connect.max_branches = args.max_branches as usize;
+    let running = server::start(config).await?;
+    println!(
+        "idem listening on {} ({})",
+        running.url(),
+        redact(&args.db.database_url)
+    );
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    running.stop().await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("can listen for SIGTERM");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// The host's name (not `$HOSTNAME`, which systemd does not export) and the port. Not
+/// unique across pods of one Deployment: owner tokens add an instance id per process.
+fn default_node(listen: SocketAddr) -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    let host = if host.is_empty() { "idem".into() } else { host };
+    format!("{host}-{}", listen.port())
+}

@@ -1,0 +1,188 @@
+//! The operator's commands on a database directly (`--database-url`), for when no
+//! coordinator runs. They never create or migrate a database: a read in the wrong
+//! directory must say so, not leave an empty `idem.db` behind and print an empty table.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{BoxError, ListQuery, Operation};
+use crate::api::error::ApiError;
+use crate::api::native::{TxView, page_view};
+use crate::api::validate::{check_id, check_reason, decode_cursor};
+use crate::cli::redact;
+use crate::engine::{Engine, EngineConfig, EngineError, SystemClock};
+use crate::store::{self, ConnectOptions, ListFilter, Store};
+use crate::transport::HttpTransport;
+
+pub(super) struct Direct {
+    engine: Arc<Engine>,
+    url: String,
+}
+
+impl Direct {
+    pub(super) async fn open(url: &str) -> Result<Direct, BoxError> {
+        let shown = redact(url);
+        if let Some(path) = sqlite_file(url)?
+            && !path.exists()
+        {
+            let path = std::path::absolute(&path).unwrap_or(path);
+            return Err(format!(
+                "no SQLite database at {} ({shown}): the tx commands never create one. Is the \
+                 path right, relative to this directory? Or talk to the coordinator with \
+                 --server.",
+                path.display()
+            )
+            .into());
+        }
+        let options = ConnectOptions {
+            max_connections: 2,
+            ..ConnectOptions::default()
+        };
+        let store = store::connect_existing(url, &options)
+            .await
+            .map_err(|e| format!("cannot open {shown}: {e}"))?;
+        // A database without idem's tables is the wrong one; say so before any command
+        // reports "not found" or an empty list.
+        let probe = ListFilter {
+            limit: 1,
+            ..ListFilter::default()
+        };
+        store.list(&probe).await.map_err(|e| {
+            format!("cannot read idem's tables in {shown}: {e}. Is it the coordinator's database? (`idem serve` or `idem migrate` creates them.)")
+        })?;
+        let config = EngineConfig {
+            drive: false,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::new(
+            store,
+            Arc::new(HttpTransport::new()?),
+            Arc::new(SystemClock),
+            config,
+        );
+        Ok(Direct { engine, url: shown })
+    }
+
+    fn store(&self) -> &dyn Store {
+        self.engine.store().as_ref()
+    }
+
+    pub(super) async fn list(&self, query: &ListQuery) -> Result<Value, BoxError> {
+        // The API's checks, so both ways refuse the same.
+        if !(1..=1_000).contains(&query.limit) {
+            return Err(api_error(ApiError::bad_request(
+                "invalid_query",
+                "limit must be 1..=1000",
+            )));
+        }
+        let after = query
+            .cursor
+            .as_deref()
+            .map(|c| decode_cursor("cursor", c))
+            .transpose()
+            .map_err(api_error)?;
+        let filter = ListFilter {
+            statuses: query.status.into_iter().collect(),
+            kind: query.kind,
+            after,
+            limit: query.limit,
+            ..ListFilter::default()
+        };
+        let page = self
+            .store()
+            .list(&filter)
+            .await
+            .map_err(|e| self.database_error(e.into()))?;
+        Ok(page_view(&page))
+    }
+
+    pub(super) async fn show(&self, gid: &str) -> Result<Value, BoxError> {
+        check_id("gid", "invalid_gid", gid).map_err(api_error)?;
+        let stored = self
+            .engine
+            .load(gid)
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        let history = self
+            .store()
+            .attempts(gid)
+            .await
+            .map_err(|e| self.database_error(e.into()))?;
+        Ok(serde_json::to_value(TxView::new(&stored, Some(history)))?)
+    }
+
+    pub(super) async fn operate(
+        &self,
+        gid: &str,
+        op: Operation,
+        reason: &str,
+    ) -> Result<Value, BoxError> {
+        check_id("gid", "invalid_gid", gid).map_err(api_error)?;
+        check_reason("reason", Some(reason)).map_err(api_error)?;
+        let engine = &self.engine;
+        let stored = match op {
+            Operation::Retry => engine.retry(gid).await,
+            Operation::ForceStop => engine.force_stop(gid, reason).await,
+            Operation::Abort => engine.abort(gid, reason).await,
+        }
+        .map_err(|e| self.engine_error(e))?;
+        Ok(serde_json::to_value(TxView::new(&stored, None))?)
+    }
+
+    /// The engine's refusals as the API words them (`code: message`); database failures
+    /// as what they are, naming the database.
+    fn engine_error(&self, e: EngineError) -> BoxError {
+        match e {
+            EngineError::Store(_) => self.database_error(e),
+            other => api_error(ApiError::from(other)),
+        }
+    }
+
+    fn database_error(&self, e: EngineError) -> BoxError {
+        format!("database error on {}: {e}", self.url).into()
+    }
+}
+
+fn api_error(e: ApiError) -> BoxError {
+    format!("{}: {}", e.code, e.message).into()
+}
+
+/// The file an `sqlite:` URL names; `None` for other databases and in-memory ones.
+fn sqlite_file(url: &str) -> Result<Option<PathBuf>, BoxError> {
+    if !url.starts_with("sqlite:") {
+        return Ok(None);
+    }
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+        .map_err(|e| format!("invalid SQLite URL {url:?}: {e}"))?;
+    let path = options.get_filename();
+    if path.as_os_str() == ":memory:" || path.to_string_lossy().starts_with("file:sqlx-in-memory") {
+        return Ok(None);
+    }
+    Ok(Some(path.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_urls_name_their_file() {
+        for (url, file) in [
+            ("sqlite:idem.db", "idem.db"),
+            ("sqlite://idem.db?mode=rwc", "idem.db"),
+            ("sqlite:///tmp/x.db", "/tmp/x.db"),
+            ("sqlite:/tmp/x.db?mode=rw", "/tmp/x.db"),
+        ] {
+            assert_eq!(
+                sqlite_file(url).unwrap(),
+                Some(PathBuf::from(file)),
+                "{url}"
+            );
+        }
+        assert_eq!(sqlite_file("sqlite::memory:").unwrap(), None);
+        assert_eq!(sqlite_file("postgres://h/db").unwrap(), None);
+    }
+}

@@ -1,0 +1,307 @@
+//! Tables for people, from the API's JSON (the same for both ways in, so a server and a
+//! database print alike). Times are RFC 3339 in UTC; `--json` prints the JSON untouched.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::BoxError;
+use crate::core::Millis;
+use crate::timestamp::rfc3339;
+
+/// The fields of the API's transaction view that the tables show.
+#[derive(Debug, Deserialize)]
+struct Tx {
+    gid: String,
+    kind: String,
+    status: String,
+    #[serde(default)]
+    stalled_from: Option<String>,
+    reason: Option<String>,
+    last_error: Option<String>,
+    attempts: i64,
+    timeout_at: Option<Millis>,
+    next_attempt_at: Option<Millis>,
+    created_at: Millis,
+    updated_at: Millis,
+    finished_at: Option<Millis>,
+    #[serde(default)]
+    options: Value,
+    #[serde(default)]
+    branches: Vec<Branch>,
+    #[serde(default)]
+    history: Option<Vec<Attempt>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Branch {
+    branch_id: String,
+    action: String,
+    url: String,
+    status: String,
+    attempts: i64,
+    next_attempt_at: Option<Millis>,
+    last_error: Option<String>,
+    updated_at: Millis,
+}
+
+#[derive(Debug, Deserialize)]
+struct Attempt {
+    branch_id: String,
+    action: String,
+    attempt: i64,
+    started_at: Millis,
+    duration_ms: i64,
+    outcome: String,
+    detail: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Page {
+    transactions: Vec<Tx>,
+    next_cursor: Option<String>,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(value: &Value, what: &str) -> Result<T, BoxError> {
+    T::deserialize(value).map_err(|e| format!("unexpected {what} from the coordinator: {e}").into())
+}
+
+pub(super) fn json(value: &Value) -> Result<String, BoxError> {
+    Ok(format!("{}\n", serde_json::to_string_pretty(value)?))
+}
+
+pub(super) fn list(value: &Value) -> Result<String, BoxError> {
+    let page: Page = parse(value, "list")?;
+    let rows = page
+        .transactions
+        .iter()
+        .map(|tx| {
+            vec![
+                tx.gid.clone(),
+                tx.kind.clone(),
+                tx.status.clone(),
+                tx.attempts.to_string(),
+                rfc3339(tx.created_at),
+                rfc3339(tx.updated_at),
+                text(&tx.last_error),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            "GID",
+            "KIND",
+            "STATUS",
+            "ATTEMPTS",
+            "CREATED",
+            "UPDATED",
+            "LAST ERROR",
+        ],
+        rows,
+    );
+    if let Some(cursor) = &page.next_cursor {
+        out.push_str(&format!("more: --cursor {cursor}\n"));
+    }
+    Ok(out)
+}
+
+pub(super) fn show(value: &Value) -> Result<String, BoxError> {
+    let tx: Tx = parse(value, "transaction")?;
+    let status = match &tx.stalled_from {
+        Some(from) => format!("{} (from {from})", tx.status),
+        None => tx.status.clone(),
+    };
+    let fields = [
+        ("gid", tx.gid.clone()),
+        ("kind", tx.kind.clone()),
+        ("status", status),
+        ("attempts", tx.attempts.to_string()),
+        ("created", rfc3339(tx.created_at)),
+        ("updated", rfc3339(tx.updated_at)),
+        ("next attempt", time(tx.next_attempt_at)),
+        ("timeout", time(tx.timeout_at)),
+        ("finished", time(tx.finished_at)),
+        ("reason", text(&tx.reason)),
+        ("last error", text(&tx.last_error)),
+        ("options", clean(&tx.options.to_string())),
+    ];
+    let mut out = String::new();
+    for (name, value) in fields {
+        out.push_str(&format!("{name:<13}{value}\n"));
+    }
+    out.push_str("\nbranches\n");
+    let rows = tx
+        .branches
+        .iter()
+        .map(|b| {
+            vec![
+                b.branch_id.clone(),
+                b.action.clone(),
+                b.status.clone(),
+                b.attempts.to_string(),
+                time(b.next_attempt_at),
+                rfc3339(b.updated_at),
+                clean(&b.url),
+                text(&b.last_error),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &[
+            "BRANCH",
+            "ACTION",
+            "STATUS",
+            "ATTEMPTS",
+            "NEXT ATTEMPT",
+            "UPDATED",
+            "URL",
+            "LAST ERROR",
+        ],
+        rows,
+    ));
+    if let Some(history) = &tx.history {
+        out.push_str("\ncalls that did not succeed\n");
+        let rows = history
+            .iter()
+            .map(|a| {
+                vec![
+                    a.branch_id.clone(),
+                    a.action.clone(),
+                    a.attempt.to_string(),
+                    rfc3339(a.started_at),
+                    format!("{} ms", a.duration_ms),
+                    a.outcome.clone(),
+                    text(&a.detail),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &[
+                "BRANCH", "ACTION", "ATTEMPT", "STARTED", "DURATION", "OUTCOME", "DETAIL",
+            ],
+            rows,
+        ));
+    }
+    Ok(out)
+}
+
+/// One line for a command that changed a transaction: `gid: status`.
+pub(super) fn outcome(value: &Value) -> Result<String, BoxError> {
+    let tx: Tx = parse(value, "transaction")?;
+    Ok(format!("{}: {}", tx.gid, tx.status))
+}
+
+fn time(ms: Option<Millis>) -> String {
+    ms.map(rfc3339).unwrap_or_else(|| "-".into())
+}
+
+fn text(value: &Option<String>) -> String {
+    value.as_deref().map(clean).unwrap_or_else(|| "-".into())
+}
+
+/// Error texts come from participants and may hold anything: line breaks would break
+/// the table's rows, and escape sequences would reach the operator's terminal.
+fn clean(value: &str) -> String {
+    value
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+/// Columns as wide as their widest cell; the last one is not padded.
+fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len() - 1;
+        let mut out = String::new();
+        for (i, cell) in cells.into_iter().enumerate() {
+            if i == last {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<width$}  ", width = widths[i]));
+            }
+        }
+        out.truncate(out.trim_end().len());
+        out.push('\n');
+        out
+    };
+    let mut out = line(headers.to_vec());
+    for row in &rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn view() -> Value {
+        json!({
+            "gid": "order-1", "kind": "tcc", "status": "stalled", "stalled_from": "committing",
+            "reason": null, "last_error": "exhausted 2 attempts:\nHTTP 500\u{1b}[31m",
+            "attempts": 2, "timeout_at": null, "next_attempt_at": null,
+            "created_at": 1_796_006_802_500_i64, "updated_at": 1_796_006_803_000_i64,
+            "finished_at": null, "options": {"max_attempts": 2},
+            "branches": [{"branch_id": "01", "action": "confirm", "url": "http://p/confirm",
+                "payload": "{}", "status": "stalled", "attempts": 2, "next_attempt_at": null,
+                "last_error": "HTTP 500", "in_progress_since": null,
+                "updated_at": 1_796_006_803_000_i64, "finished_at": null}],
+            "history": [{"branch_id": "01", "action": "confirm", "attempt": 1,
+                "started_at": 1_796_006_802_600_i64, "duration_ms": 3, "outcome": "unknown",
+                "detail": "HTTP 500"}],
+        })
+    }
+
+    #[test]
+    fn lists_show_rfc3339_times_one_row_per_transaction() {
+        let page = json!({"transactions": [view()], "next_cursor": "1796006802500:order-1"});
+        let out = list(&page).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(lines[0].starts_with("GID      KIND  STATUS   ATTEMPTS  CREATED"));
+        assert!(lines[1].contains("2026-11-30T02:46:42.500Z"), "{out}");
+        assert!(!out.contains("1796006802500  "), "raw milliseconds: {out}");
+        // The control characters of the error text are gone, so the row stays one line.
+        assert!(
+            lines[1].ends_with("exhausted 2 attempts: HTTP 500 [31m"),
+            "{out}"
+        );
+        assert_eq!(lines[2], "more: --cursor 1796006802500:order-1");
+    }
+
+    #[test]
+    fn show_has_the_fields_the_branches_and_the_history() {
+        let out = show(&view()).unwrap();
+        assert!(
+            out.contains("status       stalled (from committing)\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("created      2026-11-30T02:46:42.500Z\n"),
+            "{out}"
+        );
+        assert!(out.contains("next attempt -\n"), "{out}");
+        assert!(
+            out.contains("01      confirm  stalled  2         -             2026-11-30T02:46:43.000Z  http://p/confirm  HTTP 500\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("2026-11-30T02:46:42.600Z  3 ms      unknown  HTTP 500\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn an_operation_prints_the_gid_and_its_status() {
+        assert_eq!(outcome(&view()).unwrap(), "order-1: stalled");
+        let err = outcome(&json!({"gid": 1})).unwrap_err().to_string();
+        assert!(err.starts_with("unexpected transaction"), "{err}");
+    }
+}
