@@ -61,7 +61,7 @@ async fn after_a_restart_the_idle_connections_are_checked_before_use() {
             },
         );
         warm(&pool, 3).await;
-        proxy.restart();
+        proxy.restart().await;
         // Nothing told the pool: the first statement meets a dead connection and fails.
         // That failure makes the pool check the other idle connections, so the next
         // statements succeed, on new connections.
@@ -77,7 +77,7 @@ async fn after_a_restart_the_idle_connections_are_checked_before_use() {
 
         // Told (by a failed health check, say): not even the first statement fails.
         warm(&pool, 3).await;
-        proxy.restart();
+        proxy.restart().await;
         pool.check_idle();
         for _ in 0..3 {
             select_one(&pool)
@@ -95,7 +95,7 @@ async fn after_a_restart_the_idle_connections_are_checked_before_use() {
             },
         );
         warm(&eager, 3).await;
-        proxy.restart();
+        proxy.restart().await;
         for _ in 0..3 {
             select_one(&eager)
                 .await

@@ -35,6 +35,10 @@ pub struct TcpProxy {
     addr: SocketAddr,
     target: SocketAddr,
     state: watch::Sender<State>,
+    /// Whether the port accepts connections, and how many connections are open: what
+    /// [`TcpProxy::stop`] and [`TcpProxy::start_again`] wait for.
+    listening: watch::Receiver<bool>,
+    open: watch::Receiver<usize>,
 }
 
 impl TcpProxy {
@@ -46,11 +50,23 @@ impl TcpProxy {
             mode: Mode::Forward,
             epoch: 0,
         });
-        tokio::spawn(accept_loop(listener, addr, target, watch));
+        let (listening_tx, listening) = watch::channel(true);
+        let (open_tx, open) = watch::channel(0usize);
+        let counter = Counter(std::sync::Arc::new(open_tx));
+        tokio::spawn(accept_loop(
+            listener,
+            addr,
+            target,
+            watch,
+            listening_tx,
+            counter,
+        ));
         Ok(TcpProxy {
             addr,
             target,
             state,
+            listening,
+            open,
         })
     }
 
@@ -74,16 +90,13 @@ impl TcpProxy {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{url}: {e}"))
         })?;
         let proxy = TcpProxy::start(target).await?;
+        let user = authority
+            .rsplit_once('@')
+            .map(|(user, _)| format!("{user}@"))
+            .unwrap_or_default();
         let proxied = url.replacen(
             authority,
-            &format!(
-                "{}127.0.0.1:{}",
-                authority
-                    .rsplit_once('@')
-                    .map(|(user, _)| format!("{user}@"))
-                    .unwrap_or_default(),
-                proxy.addr.port()
-            ),
+            &format!("{user}127.0.0.1:{}", proxy.addr.port()),
             1,
         );
         Ok((proxy, proxied))
@@ -99,7 +112,8 @@ impl TcpProxy {
         self.target
     }
 
-    /// Holds every byte in both directions; connections stay open.
+    /// Holds every byte in both directions from now on; connections stay open, and new
+    /// ones are accepted but hear nothing.
     pub fn partition(&self) {
         self.set(Mode::Partitioned, false);
     }
@@ -109,21 +123,24 @@ impl TcpProxy {
         self.set(Mode::Forward, false);
     }
 
-    /// Closes every connection and refuses new ones.
-    pub fn stop(&self) {
+    /// Closes every connection and refuses new ones; returns once both are so.
+    pub async fn stop(&self) {
         self.set(Mode::Stopped, true);
+        wait_for(self.listening.clone(), |l| !*l).await;
+        wait_for(self.open.clone(), |n| *n == 0).await;
     }
 
-    /// Accepts connections again after [`TcpProxy::stop`].
-    pub fn start_again(&self) {
+    /// Accepts connections again after [`TcpProxy::stop`]; returns once it does.
+    pub async fn start_again(&self) {
         self.set(Mode::Forward, false);
+        wait_for(self.listening.clone(), |l| *l).await;
     }
 
     /// [`TcpProxy::stop`] then [`TcpProxy::start_again`]: every connection a client holds
     /// is dead, new ones work.
-    pub fn restart(&self) {
-        self.stop();
-        self.start_again();
+    pub async fn restart(&self) {
+        self.stop().await;
+        self.start_again().await;
     }
 
     fn set(&self, mode: Mode, new_epoch: bool) {
@@ -136,10 +153,34 @@ impl TcpProxy {
     }
 }
 
+async fn wait_for<T>(mut watch: watch::Receiver<T>, done: impl Fn(&T) -> bool) {
+    // An error means the accept loop ended, which only a dropped proxy does.
+    let _ = watch.wait_for(done).await;
+}
+
+/// Counts open connections; each connection holds one [`Open`] while it lives.
+#[derive(Clone)]
+struct Counter(std::sync::Arc<watch::Sender<usize>>);
+
+struct Open(Counter);
+
+impl Counter {
+    fn open(&self) -> Open {
+        self.0.send_modify(|n| *n += 1);
+        Open(self.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        (self.0).0.send_modify(|n| *n -= 1);
+    }
+}
+
 impl Drop for TcpProxy {
     fn drop(&mut self) {
         // The accept loop and the connections end when they see it.
-        self.stop();
+        self.set(Mode::Stopped, true);
     }
 }
 
@@ -161,6 +202,8 @@ async fn accept_loop(
     addr: SocketAddr,
     target: SocketAddr,
     mut watch: watch::Receiver<State>,
+    listening: watch::Sender<bool>,
+    counter: Counter,
 ) {
     let mut listener = Some(listener);
     loop {
@@ -171,10 +214,12 @@ async fn accept_loop(
         } else if listener.is_none() {
             listener = rebind(addr);
         }
+        listening.send_replace(listener.is_some());
         tokio::select! {
             accepted = accept(listener.as_ref()) => {
                 if let Ok((client, _)) = accepted {
-                    tokio::spawn(connection(client, target, state.epoch, watch.clone()));
+                    let open = counter.open();
+                    tokio::spawn(connection(client, target, state.epoch, watch.clone(), open));
                 }
             }
             changed = watch.changed() => {
@@ -207,6 +252,7 @@ async fn connection(
     target: SocketAddr,
     epoch: u64,
     mut watch: watch::Receiver<State>,
+    _open: Open,
 ) {
     let Ok(server) = TcpStream::connect(target).await else {
         return;
