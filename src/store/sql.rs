@@ -163,6 +163,11 @@ pub trait Dialect: Database + Sized {
         None
     }
 
+    /// What a readiness check looks at beyond `SELECT 1` answering.
+    fn check_ready(_store: &SqlStore<Self>) -> BoxFuture<'_, Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// Claims due rows for `lease` and returns their gids.
     fn claim<'a>(
         store: &'a SqlStore<Self>,
@@ -568,6 +573,16 @@ where
 {
     fn backend(&self) -> &'static str {
         <DB as Dialect>::BACKEND
+    }
+
+    async fn ping(&self, timeout: std::time::Duration) -> Result<()> {
+        let check = async {
+            sqlx::raw_sql("SELECT 1").execute(&self.pool).await?;
+            DB::check_ready(self).await
+        };
+        tokio::time::timeout(timeout, check)
+            .await
+            .unwrap_or(Err(StoreError::TimedOut(timeout)))
     }
 
     async fn migrate(&self) -> Result<()> {

@@ -38,6 +38,27 @@ impl Dialect for Sqlite {
         pool.begin_with("BEGIN IMMEDIATE").boxed()
     }
 
+    fn check_ready(store: &SqlStore<Self>) -> BoxFuture<'_, Result<()>> {
+        async move {
+            // Removed (or moved) while open, the file lives on for this process alone:
+            // commits still succeed and vanish at the next start. Not ready, then.
+            let files: Vec<(i64, String, String)> = sqlx::query_as("PRAGMA database_list")
+                .fetch_all(&store.pool)
+                .await?;
+            for (_, name, file) in files {
+                if name == "main" && !file.is_empty() && !std::path::Path::new(&file).exists() {
+                    let missing = std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("the SQLite database file {file} is gone"),
+                    );
+                    return Err(sqlx::Error::Io(missing).into());
+                }
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
     fn claim<'a>(
         store: &'a SqlStore<Self>,
         lease: &'a Lease,

@@ -21,6 +21,7 @@ pub async fn open(url: &str) -> Arc<dyn Store> {
     let options = ConnectOptions {
         max_connections: 8,
         sqlite_full_sync: false,
+        ..ConnectOptions::default()
     };
     let store = store::connect(url, &options)
         .await
