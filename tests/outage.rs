@@ -475,7 +475,7 @@ async fn sqlite_serve_gives_up_past_the_wait_bound() {
 }
 
 #[tokio::test]
-async fn sqlite_a_removed_database_file_is_not_ready() {
+async fn sqlite_a_removed_or_replaced_database_file_is_not_ready() {
     let Some(db) = TestDatabase::create(Backend::Sqlite, "sqlite removed file").await else {
         return;
     };
@@ -493,6 +493,10 @@ async fn sqlite_a_removed_database_file_is_not_ready() {
         "the database is unavailable: the database file is missing"
     );
     assert!(!body.to_string().contains(db.name()), "{body}");
+    // Another file at the same path (a restore, say) is not the one idem writes to either.
+    std::fs::write(path, b"").unwrap();
+    let (code, body) = api.get("/health/ready").await;
+    assert_eq!(code, 503, "a replaced file: {body}");
     let (code, _) = api.get("/health/live").await;
     assert_eq!(code, 200);
     drop(serve);

@@ -163,11 +163,6 @@ pub trait Dialect: Database + Sized {
         None
     }
 
-    /// What a readiness check looks at beyond `SELECT 1` answering.
-    fn check_ready(_store: &SqlStore<Self>) -> BoxFuture<'_, Result<()>> {
-        Box::pin(std::future::ready(Ok(())))
-    }
-
     /// Claims due rows for `lease` and returns their gids.
     fn claim<'a>(
         store: &'a SqlStore<Self>,
@@ -459,6 +454,8 @@ pub struct SqlStore<DB: Dialect> {
     /// handed back without the round trip `sqlx::Pool` spends on every release.
     pub lean: Option<LeanPool<DB>>,
     pub sql: Statements,
+    /// What a readiness check looks at beyond `SELECT 1` answering (SQLite: its file).
+    pub ready_check: Option<Box<dyn Fn() -> Result<()> + Send + Sync>>,
     /// Set by [`SqlStore::start_group_commit`]: writes go through one writer task.
     batch: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Job>>,
 }
@@ -468,6 +465,7 @@ impl<DB: Dialect> SqlStore<DB> {
         SqlStore {
             pool,
             lean: None,
+            ready_check: None,
             sql: Statements::new(DB::NUMBERED_PARAMETERS, DB::ON_DUPLICATE_DO_NOTHING),
             batch: std::sync::OnceLock::new(),
         }
@@ -578,7 +576,7 @@ where
     async fn ping(&self, timeout: std::time::Duration) -> Result<()> {
         let check = async {
             sqlx::raw_sql("SELECT 1").execute(&self.pool).await?;
-            DB::check_ready(self).await
+            self.ready_check.as_ref().map_or(Ok(()), |check| check())
         };
         tokio::time::timeout(timeout, check)
             .await
