@@ -17,6 +17,9 @@ use crate::http_server::{self, HttpLimits};
 use crate::store::{self, ConnectOptions, Store};
 use crate::transport::{HttpTransport, Transport};
 
+/// How long `idem serve` waits for its database at start unless told otherwise.
+pub const DEFAULT_DATABASE_WAIT: Duration = Duration::from_secs(60);
+
 /// Everything `idem serve` needs.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -24,6 +27,8 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub engine: EngineConfig,
     pub connect: ConnectOptions,
+    /// At start, how long to keep trying a database that does not answer yet.
+    pub database_wait: Duration,
     pub wait_timeout: Duration,
     /// Faults to inject into calls and crash points (testing and failure replay).
     pub fault_plan: Option<Arc<FaultPlan>>,
@@ -49,6 +54,7 @@ impl ServerConfig {
             listen,
             engine: EngineConfig::default(),
             connect: ConnectOptions::default(),
+            database_wait: DEFAULT_DATABASE_WAIT,
             wait_timeout: api::native::DEFAULT_WAIT,
             fault_plan: None,
             record: None,
@@ -115,7 +121,8 @@ pub async fn start_with(
     transport: Arc<dyn Transport>,
 ) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
     crate::transport::install_crypto_provider();
-    let store = open_store(&config.database_url, &config.connect).await?;
+    let store =
+        store::open_when_ready(&config.database_url, &config.connect, config.database_wait).await?;
     let node = config.engine.node.clone();
     let timeline = match &config.record {
         Some(path) => Some(Timeline::to_file(&node, path)?),

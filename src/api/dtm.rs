@@ -109,7 +109,7 @@ impl IntoResponse for DtmError {
             }
             _ => json!({"message": e.message, "error": error}),
         };
-        (e.status, Json(body)).into_response()
+        e.attach_detail((e.status, Json(body)).into_response())
     }
 }
 

@@ -3,7 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
@@ -27,13 +30,22 @@ pub struct AppState {
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY: usize = 1 << 20;
 
+/// How long `/health/ready` waits for the database's answer.
+pub const READY_TIMEOUT: Duration = Duration::from_millis(1_500);
+
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/health", get(health))
+        // A load balancer should ask `ready`; `/health` is the same check, so one that
+        // was pointed at `/health` before these existed stops routing to an instance whose
+        // database is down.
+        .route("/health", get(ready))
+        .route("/health/ready", get(ready))
+        .route("/health/live", get(live))
         .route("/metrics", get(metrics))
         .merge(native::routes())
         .merge(dtm::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn(log_server_errors))
         .with_state(state)
 }
 
@@ -41,10 +53,54 @@ async fn metrics() -> String {
     crate::metrics::render()
 }
 
-async fn health(State(app): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    Json(json!({
-        "status": "ok",
-        "database": app.engine.store().backend(),
-        "driving": app.engine.driving(),
-    }))
+/// The process answers: nothing else is checked, so a database outage does not make an
+/// orchestrator restart a coordinator that will recover by itself.
+async fn live() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// The database answers within [`READY_TIMEOUT`]: this coordinator can serve requests.
+async fn ready(State(app): State<Arc<AppState>>) -> (StatusCode, Json<serde_json::Value>) {
+    let store = app.engine.store();
+    match store.ping(READY_TIMEOUT).await {
+        Ok(()) => (
+            StatusCode::OK,
+            Json(json!({
+                "status": "ok",
+                "database": store.backend(),
+                "driving": app.engine.driving(),
+            })),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness check failed: the database does not answer");
+            let message = format!("the database is unavailable: {}", e.reason());
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({
+                    "status": "unavailable",
+                    "database": store.backend(),
+                    "error": {"code": "unavailable", "message": message},
+                })),
+            )
+        }
+    }
+}
+
+/// Logs every answer that carries an [`error::ErrorDetail`] (a database error), at error
+/// level with the method and route, and takes the detail off the response: the client
+/// gets the generic message only.
+async fn log_server_errors(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let mut response = next.run(request).await;
+    if let Some(error::ErrorDetail(detail)) = response.extensions_mut().remove() {
+        tracing::error!(
+            %method,
+            route = route.as_ref().map_or("?", |r| r.as_str()),
+            status = response.status().as_u16(),
+            error = %detail,
+            "request failed on the database"
+        );
+    }
+    response
 }

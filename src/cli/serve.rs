@@ -52,6 +52,21 @@ pub struct ServeArgs {
     /// Database connections.
     #[arg(long, default_value_t = 16)]
     pub max_connections: u32,
+    /// At start, how long to wait for a database that does not answer yet (retrying with
+    /// backoff, logging why), in ms; then idem exits non-zero. 0 tries once.
+    #[arg(long, default_value_t = 60_000)]
+    pub database_wait_ms: u64,
+    /// Opening one database connection, in ms (PostgreSQL, MySQL).
+    #[arg(long, default_value_t = 5_000)]
+    pub database_connect_timeout_ms: u64,
+    /// Waiting for a pooled database connection, opening included, in ms.
+    #[arg(long, default_value_t = 5_000)]
+    pub database_acquire_timeout_ms: u64,
+    /// Longest one database call may take, in ms (statements on an open connection
+    /// included); past it the call fails as the database being unavailable, so a network
+    /// partition fails requests in bounded time.
+    #[arg(long, default_value_t = 10_000)]
+    pub database_call_timeout_ms: u64,
     /// SQLite: fsync at every commit (off: a machine crash may lose the last commits;
     /// a crash of idem alone loses nothing).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -114,6 +129,10 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
     config.engine.prepared_timeout_ms = args.prepared_timeout_ms;
     config.connect.max_connections = args.max_connections.max(1);
     config.connect.sqlite_full_sync = args.sqlite_full_sync;
+    config.database_wait = Duration::from_millis(args.database_wait_ms);
+    config.connect.connect_timeout = Duration::from_millis(args.database_connect_timeout_ms.max(1));
+    config.connect.acquire_timeout = Duration::from_millis(args.database_acquire_timeout_ms.max(1));
+    config.connect.call_timeout = Duration::from_millis(args.database_call_timeout_ms.max(1));
     config.wait_timeout = Duration::from_millis(args.wait_timeout_ms);
     config.shutdown_grace = Duration::from_millis(args.shutdown_timeout_ms);
     config.clock_skew_ms = args.test_clock_offset_ms;

@@ -27,6 +27,51 @@ impl StoreError {
             StoreError::Batch(_) => false,
             // A refused request, not a failed write: nothing to retry.
             StoreError::TooManyBranches { .. } => true,
+            StoreError::TimedOut(_) => false,
+        }
+    }
+
+    /// What went wrong in a few words that name no database, host, table or value: for
+    /// answers to clients and health checks. The full text (`Display`) is for the log.
+    pub fn reason(&self) -> &'static str {
+        use std::io::ErrorKind;
+        match self {
+            StoreError::TimedOut(_) => "the database did not answer in time",
+            StoreError::Database(e) => match e {
+                sqlx::Error::Io(io) => match io.kind() {
+                    ErrorKind::ConnectionRefused => "the database refused the connection",
+                    ErrorKind::TimedOut => "the database did not answer in time",
+                    ErrorKind::NotFound => "the database file is missing",
+                    _ => "the connection to the database failed",
+                },
+                sqlx::Error::PoolTimedOut => "no database connection was free in time",
+                sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
+                    "the database connections are closed"
+                }
+                sqlx::Error::Tls(_) => "the secure connection to the database failed",
+                sqlx::Error::Protocol(_) => "the connection to the database broke",
+                sqlx::Error::Configuration(_) => "the database settings are invalid",
+                sqlx::Error::Database(_) if is_permanent(e) => "the database refused the request",
+                sqlx::Error::Database(_) => "the database cannot serve the request for now",
+                _ => "the database request failed",
+            },
+            StoreError::Migrate(_) => "the database schema could not be migrated",
+            StoreError::Corrupt(_) => "stored data is invalid",
+            StoreError::UnsupportedUrl(_) => "the database URL is not supported",
+            StoreError::Batch(_) => "the database writer has stopped",
+            StoreError::TooManyBranches { .. } => "the transaction has too many branches",
+        }
+    }
+
+    /// Whether waiting can cure this error at start-up: the server may be starting, or
+    /// unreachable for now. A wrong password, an unknown database or a bad URL stay wrong.
+    pub fn retryable_at_start(&self) -> bool {
+        use sqlx::migrate::MigrateError;
+        match self {
+            StoreError::Migrate(
+                MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _),
+            ) => !is_permanent(e),
+            other => !other.is_permanent(),
         }
     }
 }
@@ -137,5 +182,33 @@ mod tests {
         assert!(!StoreError::Database(sqlx::Error::Io(io)).is_permanent());
         assert!(StoreError::Corrupt("bad".into()).is_permanent());
         assert!(!StoreError::Batch("writer stopped".into()).is_permanent());
+        assert!(!StoreError::TimedOut(std::time::Duration::from_secs(1)).is_permanent());
+    }
+
+    #[test]
+    fn reasons_name_nothing_of_the_database() {
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connect to db.internal:5432 refused",
+        );
+        let e = StoreError::Database(sqlx::Error::Io(refused));
+        assert_eq!(e.reason(), "the database refused the connection");
+        assert!(e.to_string().contains("db.internal"), "the log keeps it");
+        assert_eq!(
+            StoreError::Database(sqlx::Error::PoolTimedOut).reason(),
+            "no database connection was free in time"
+        );
+    }
+
+    #[test]
+    fn at_start_only_what_waiting_can_cure_is_retried() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert!(StoreError::Database(sqlx::Error::Io(refused)).retryable_at_start());
+        let broken = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let migrate = sqlx::migrate::MigrateError::Execute(sqlx::Error::Io(broken));
+        assert!(StoreError::Migrate(migrate).retryable_at_start());
+        assert!(!StoreError::UnsupportedUrl("x:".into()).retryable_at_start());
+        let dirty = sqlx::migrate::MigrateError::Dirty(3);
+        assert!(!StoreError::Migrate(dirty).retryable_at_start());
     }
 }

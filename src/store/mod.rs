@@ -13,14 +13,20 @@
 //! - a row is claimed (taken over after its lease expired) with a conditional update too.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::core::{Action, Branch, BranchKey, Kind, Millis, Status, Transaction};
 
+mod bounded;
 mod errors;
 mod mysql;
+pub mod pools;
 mod postgres;
 pub mod sql;
 mod sqlite;
+mod wait;
+
+pub use wait::{OpenError, open_when_ready};
 
 /// Why the store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +45,8 @@ pub enum StoreError {
     /// nothing was stored.
     #[error("the transaction would have {count} branches; the limit is {max}")]
     TooManyBranches { count: usize, max: usize },
+    #[error("the database did not answer within {0:?}")]
+    TimedOut(Duration),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -153,6 +161,10 @@ pub trait Store: Send + Sync + 'static {
     /// `sqlite`, `postgres` or `mysql`.
     fn backend(&self) -> &'static str;
 
+    /// Checks that the database answers (`SELECT 1`; SQLite: and that its file is still
+    /// there), within `timeout`.
+    async fn ping(&self, timeout: Duration) -> Result<()>;
+
     /// Applies the schema migrations. Safe to run again and from several processes.
     async fn migrate(&self) -> Result<()>;
 
@@ -213,6 +225,21 @@ pub struct ConnectOptions {
     /// registrations cannot pass it together. The API refuses longer sagas and msgs before
     /// they reach the store.
     pub max_branches: usize,
+    /// Server databases: opening one connection (TCP, TLS, authentication) at start and
+    /// in the lean pool, and the ping of an idle connection.
+    pub connect_timeout: Duration,
+    /// Server databases: waiting for a pooled connection, opening one included (sqlx's
+    /// pool retries a refused connection within it).
+    pub acquire_timeout: Duration,
+    /// Server databases: one store call as a whole, statements on an open connection
+    /// included: what bounds a partition (see `bounded.rs`).
+    pub call_timeout: Duration,
+    /// Server databases: a pooled connection idle longer than this is pinged before use.
+    pub check_idle_after: Duration,
+    /// Server databases: a pooled connection idle longer than this is closed.
+    pub idle_timeout: Duration,
+    /// Server databases: a connection older than this is closed when it is next released.
+    pub max_lifetime: Duration,
 }
 
 /// Branches or steps per transaction unless the operator says otherwise (`--max-branches`).
@@ -224,6 +251,12 @@ impl Default for ConnectOptions {
             max_connections: 16,
             sqlite_full_sync: true,
             max_branches: DEFAULT_MAX_BRANCHES,
+            connect_timeout: Duration::from_secs(5),
+            acquire_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(10),
+            check_idle_after: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(10 * 60),
+            max_lifetime: Duration::from_secs(30 * 60),
         }
     }
 }
@@ -238,13 +271,17 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Stor
         store.start_group_commit();
         Ok(store)
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(
-            postgres::connect(url, options).await?.max_branches(max),
-        ))
+        let suspicion = pools::Suspicion::default();
+        let store = postgres::connect(url, options, &suspicion)
+            .await?
+            .max_branches(max);
+        Ok(bounded(store, options, suspicion))
     } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-        Ok(Arc::new(
-            mysql::connect(url, options).await?.max_branches(max),
-        ))
+        let suspicion = pools::Suspicion::default();
+        let store = mysql::connect(url, options, &suspicion)
+            .await?
+            .max_branches(max);
+        Ok(bounded(store, options, suspicion))
     } else {
         Err(StoreError::UnsupportedUrl(url.to_owned()))
     }
@@ -261,4 +298,23 @@ pub async fn connect_existing(url: &str, options: &ConnectOptions) -> Result<Arc
         // Connecting to a server never creates its database.
         connect(url, options).await
     }
+}
+
+/// A server database's store with its calls bounded, and its lean pool told of trouble.
+fn bounded<DB: sql::Dialect>(
+    store: sql::SqlStore<DB>,
+    options: &ConnectOptions,
+    suspicion: pools::Suspicion,
+) -> Arc<dyn Store>
+where
+    sql::SqlStore<DB>: Store,
+{
+    if let Some(lean) = store.lean.clone() {
+        suspicion.also(move || lean.check_idle());
+    }
+    Arc::new(bounded::Bounded::new(
+        Arc::new(store),
+        options.call_timeout,
+        suspicion,
+    ))
 }

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlQueryResult};
+use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
 use sqlx::{Executor, MySql, Pool, Transaction};
 
 use idem_participant::LeanPool;
 
+use super::pools::{self, Suspicion};
 use super::sql::{ACTIVE_STATUSES, Dialect, SqlStore};
 use super::{ConnectOptions, Lease, Result};
 use crate::core::Millis;
@@ -93,18 +94,21 @@ fn read_committed(conn: &mut sqlx::MySqlConnection) -> BoxFuture<'_, sqlx::Resul
     .boxed()
 }
 
-pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<MySql>> {
+pub async fn connect(
+    url: &str,
+    options: &ConnectOptions,
+    suspicion: &Suspicion,
+) -> Result<SqlStore<MySql>> {
     let url = url.replacen("mariadb://", "mysql://", 1);
     let connect = MySqlConnectOptions::from_str(&url)?;
-    let pool = MySqlPoolOptions::new()
-        .test_before_acquire(false)
-        .max_connections(options.max_connections)
+    pools::probe(&connect, options.connect_timeout).await?;
+    let pool = pools::server_pool::<MySql>(options, suspicion)
         .after_connect(|conn, _| read_committed(conn))
-        .connect_with(connect.clone())
-        .await?;
+        .connect_lazy_with(connect.clone());
     let mut store = SqlStore::new(pool);
     store.lean = Some(
-        LeanPool::new(connect, options.max_connections).after_connect(Arc::new(read_committed)),
+        LeanPool::with_options(connect, pools::lean(options))
+            .after_connect(Arc::new(read_committed)),
     );
     Ok(store)
 }

@@ -4,11 +4,12 @@ use std::str::FromStr;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgQueryResult};
+use sqlx::postgres::{PgConnectOptions, PgQueryResult};
 use sqlx::{Pool, Postgres, Transaction};
 
 use idem_participant::LeanPool;
 
+use super::pools::{self, Suspicion};
 use super::sql::{
     ACTIVE_STATUSES, BRANCH_COLUMNS, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET,
     SqlStore, bind_attempt, bind_branch_insert, bind_branch_set, bind_global_insert,
@@ -87,17 +88,17 @@ impl Dialect for Postgres {
     }
 }
 
-pub async fn connect(url: &str, options: &ConnectOptions) -> Result<SqlStore<Postgres>> {
+pub async fn connect(
+    url: &str,
+    options: &ConnectOptions,
+    suspicion: &Suspicion,
+) -> Result<SqlStore<Postgres>> {
     let connect = PgConnectOptions::from_str(url)?;
-    // No ping before each use: it is a round trip per statement here, and a broken
-    // connection fails its statement anyway, which the engine retries.
-    let pool = PgPoolOptions::new()
-        .test_before_acquire(false)
-        .max_connections(options.max_connections)
-        .connect_with(connect.clone())
-        .await?;
+    pools::probe(&connect, options.connect_timeout).await?;
+    let pool =
+        pools::server_pool::<Postgres>(options, suspicion).connect_lazy_with(connect.clone());
     let mut store = SqlStore::new(pool);
-    store.lean = Some(LeanPool::new(connect.clone(), options.max_connections));
+    store.lean = Some(LeanPool::with_options(connect, pools::lean(options)));
     Ok(store)
 }
 

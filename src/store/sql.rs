@@ -457,6 +457,8 @@ pub struct SqlStore<DB: Dialect> {
     /// handed back without the round trip `sqlx::Pool` spends on every release.
     pub lean: Option<LeanPool<DB>>,
     pub sql: Statements,
+    /// What a readiness check looks at beyond `SELECT 1` answering (SQLite: its file).
+    pub ready_check: Option<Box<dyn Fn() -> Result<()> + Send + Sync>>,
     /// Set by [`SqlStore::start_group_commit`]: writes go through one writer task.
     batch: std::sync::OnceLock<tokio::sync::mpsc::Sender<Job>>,
     /// See [`super::ConnectOptions::max_branches`].
@@ -468,6 +470,7 @@ impl<DB: Dialect> SqlStore<DB> {
         SqlStore {
             pool,
             lean: None,
+            ready_check: None,
             sql: Statements::new(DB::NUMBERED_PARAMETERS, DB::ON_DUPLICATE_DO_NOTHING),
             batch: std::sync::OnceLock::new(),
             max_branches: super::DEFAULT_MAX_BRANCHES,
@@ -580,6 +583,16 @@ where
 {
     fn backend(&self) -> &'static str {
         <DB as Dialect>::BACKEND
+    }
+
+    async fn ping(&self, timeout: std::time::Duration) -> Result<()> {
+        let check = async {
+            sqlx::raw_sql("SELECT 1").execute(&self.pool).await?;
+            self.ready_check.as_ref().map_or(Ok(()), |check| check())
+        };
+        tokio::time::timeout(timeout, check)
+            .await
+            .unwrap_or(Err(StoreError::TimedOut(timeout)))
     }
 
     async fn migrate(&self) -> Result<()> {

@@ -1,5 +1,6 @@
 //! SQLite, the embedded default.
 
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -100,7 +101,68 @@ async fn open(url: &str, options: &ConnectOptions, create: bool) -> Result<SqlSt
     let pool = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .max_connections(options.max_connections.clamp(1, 8))
-        .connect_with(connect)
+        .connect_with(connect.clone())
         .await?;
-    Ok(SqlStore::new(pool))
+    // The file exists now. A connection opened later must not create it again: removed
+    // while idem runs, it would come back empty, without the schema, beside connections
+    // still writing to the removed one.
+    pool.set_connect_options(connect.create_if_missing(false));
+    let mut store = SqlStore::new(pool);
+    if let Some(file) = main_file(&store.pool).await? {
+        let opened = FileId::of(&file)?;
+        store.ready_check = Some(Box::new(move || opened.still_at(&file)));
+    }
+    Ok(store)
+}
+
+/// The main database file as SQLite resolved it; `None` in memory.
+async fn main_file(pool: &Pool<Sqlite>) -> Result<Option<PathBuf>> {
+    let files: Vec<(i64, String, String)> = sqlx::query_as("PRAGMA database_list")
+        .fetch_all(pool)
+        .await?;
+    Ok(files
+        .into_iter()
+        .find(|(_, name, file)| name == "main" && !file.is_empty())
+        .map(|(_, _, file)| PathBuf::from(file)))
+}
+
+/// Which file a path named when the store opened it.
+struct FileId {
+    #[cfg(unix)]
+    dev_ino: (u64, u64),
+}
+
+impl FileId {
+    fn of(path: &Path) -> Result<FileId> {
+        let meta = std::fs::metadata(path).map_err(sqlx::Error::Io)?;
+        #[cfg(not(unix))]
+        let _ = meta;
+        Ok(FileId {
+            #[cfg(unix)]
+            dev_ino: {
+                use std::os::unix::fs::MetadataExt;
+                (meta.dev(), meta.ino())
+            },
+        })
+    }
+
+    /// Removed, moved or replaced while open, the file idem writes to is not the one the
+    /// next start will open: commits would still succeed, and be lost. Not ready, then.
+    fn still_at(&self, path: &Path) -> Result<()> {
+        let gone = |what: &str| {
+            let e = std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("the SQLite database file {} {what}", path.display()),
+            );
+            super::StoreError::Database(sqlx::Error::Io(e))
+        };
+        let now = FileId::of(path).map_err(|_| gone("is gone"))?;
+        #[cfg(unix)]
+        if now.dev_ino != self.dev_ino {
+            return Err(gone("was replaced by another file"));
+        }
+        #[cfg(not(unix))]
+        let _ = now;
+        Ok(())
+    }
 }

@@ -56,7 +56,7 @@ pub use dialect::Dialect;
 pub use error::ParticipantError;
 #[cfg(feature = "axum")]
 pub use http::{BranchCall, Payload};
-pub use pool::{LeanPool, Leased};
+pub use pool::{LeanPool, LeanPoolOptions, Leased};
 pub use schema::{
     BarrierRecord, MsgState, barrier_ddl, barrier_records, barrier_records_in,
     create_barrier_table, create_barrier_table_named, purge_barriers, query_prepared,

@@ -14,6 +14,9 @@ use std::path::PathBuf;
 
 use sqlx::Connection;
 
+pub mod proxy;
+pub use proxy::TcpProxy;
+
 /// The database backends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {

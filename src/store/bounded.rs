@@ -1,0 +1,119 @@
+//! Every call to a server database, bounded in time.
+//!
+//! The pools bound opening a connection and waiting for one, but a statement sent on an
+//! open connection to a server that stopped answering (a partition: packets dropped, no
+//! reset) would wait for the operating system's TCP timeout, many minutes. [`Bounded`]
+//! cuts each store call at `call_timeout` instead and reports it as
+//! [`StoreError::TimedOut`], which the engine retries like a lost connection and the API
+//! answers as `503 unavailable`. A cut write is as ambiguous as a lost connection, which
+//! every caller already handles: writes are conditional, and the cut connection is closed,
+//! never reused mid-statement.
+//!
+//! A call that fails for a reason other than its data also marks the store's
+//! [`Suspicion`], so that the connections idle since are checked before their next use.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::pools::Suspicion;
+use super::*;
+
+pub struct Bounded {
+    inner: Arc<dyn Store>,
+    call_timeout: Duration,
+    suspicion: Suspicion,
+}
+
+impl Bounded {
+    pub fn new(inner: Arc<dyn Store>, call_timeout: Duration, suspicion: Suspicion) -> Bounded {
+        Bounded {
+            inner,
+            call_timeout,
+            suspicion,
+        }
+    }
+
+    async fn within<T>(&self, limit: Duration, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let result = match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::TimedOut(limit)),
+        };
+        if let Err(e) = &result
+            && !e.is_permanent()
+        {
+            self.suspicion.mark();
+        }
+        result
+    }
+
+    async fn call<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        self.within(self.call_timeout, call).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Bounded {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn ping(&self, timeout: Duration) -> Result<()> {
+        self.within(timeout.min(self.call_timeout), self.inner.ping(timeout))
+            .await
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        // Not cut: a migration may rewrite a large table, and it runs before serving.
+        self.inner.migrate().await
+    }
+
+    async fn create(
+        &self,
+        tx: &Transaction,
+        request_hash: &str,
+        lease: Option<&Lease>,
+    ) -> Result<Created> {
+        self.call(self.inner.create(tx, request_hash, lease)).await
+    }
+
+    async fn load(&self, gid: &str) -> Result<Option<StoredTx>> {
+        self.call(self.inner.load(gid)).await
+    }
+
+    async fn register(&self, gid: &str, branches: &[Branch], now: Millis) -> Result<Registered> {
+        self.call(self.inner.register(gid, branches, now)).await
+    }
+
+    async fn save(&self, save: Save<'_>) -> Result<Saved> {
+        self.call(self.inner.save(save)).await
+    }
+
+    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<StoredTx>> {
+        self.call(self.inner.claim_due(lease, now, limit)).await
+    }
+
+    async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool> {
+        self.call(self.inner.renew(gid, token, until)).await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Page> {
+        self.call(self.inner.list(filter)).await
+    }
+
+    async fn attempts(&self, gid: &str) -> Result<Vec<AttemptRecord>> {
+        self.call(self.inner.attempts(gid)).await
+    }
+
+    async fn release_node(&self, token_prefix: &str) -> Result<u64> {
+        self.call(self.inner.release_node(token_prefix)).await
+    }
+
+    async fn count(&self, statuses: &[Status]) -> Result<u64> {
+        self.call(self.inner.count(statuses)).await
+    }
+
+    async fn db_now(&self) -> Result<Millis> {
+        self.call(self.inner.db_now()).await
+    }
+}
