@@ -1,5 +1,6 @@
 //! Waiting for an outcome, and the recent states that spare reads.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::*;
@@ -97,32 +98,105 @@ impl Engine {
 }
 
 /// Recent states of transactions this process created, changed or drives, so that a
-/// submit after a create, and a wait after a submit, need no read. Bounded: past the cap,
-/// finished ones go first.
+/// submit after a create, and a wait after a submit, need no read. A finished one is kept
+/// only long enough for the waits on it to read it (the newest `FINISHED_KEPT`), so a
+/// coordinator that runs for months holds about as much as it has in flight.
 #[derive(Default)]
 pub(super) struct Recent {
-    map: Mutex<HashMap<String, StoredTx>>,
+    inner: Mutex<RecentInner>,
 }
 
-const RECENT_CAP: usize = 50_000;
+#[derive(Default)]
+struct RecentInner {
+    map: HashMap<String, StoredTx>,
+    /// Gids of finished entries, oldest first (a gid may appear twice if put twice).
+    finished: VecDeque<String>,
+}
+
+/// Finished states kept for late waits and repeats; older ones are read again if asked.
+const FINISHED_KEPT: usize = 2_048;
+/// Unfinished states kept at most (prepared TCCs that are never submitted pile up here
+/// until their timeout); past it the cache starts over, which costs reads, not
+/// correctness.
+const ACTIVE_KEPT: usize = 50_000;
 
 impl Recent {
     pub(super) fn get(&self, gid: &str) -> Option<StoredTx> {
-        self.map.lock().expect("poisoned").get(gid).cloned()
+        self.inner.lock().expect("poisoned").map.get(gid).cloned()
     }
 
     pub(super) fn put(&self, stored: StoredTx) {
-        let mut map = self.map.lock().expect("poisoned");
-        if map.len() >= RECENT_CAP && !map.contains_key(&stored.tx.gid) {
-            map.retain(|_, s| !s.tx.status.is_terminal());
-            if map.len() >= RECENT_CAP {
-                map.clear();
+        let mut inner = self.inner.lock().expect("poisoned");
+        let RecentInner { map, finished } = &mut *inner;
+        if stored.tx.status.is_terminal() {
+            finished.push_back(stored.tx.gid.clone());
+            while finished.len() > FINISHED_KEPT {
+                let old = finished.pop_front().expect("longer than the bound");
+                if map.get(&old).is_some_and(|s| s.tx.status.is_terminal()) {
+                    map.remove(&old);
+                }
             }
+        } else if map.len() >= ACTIVE_KEPT + FINISHED_KEPT && !map.contains_key(&stored.tx.gid)
+        {
+            map.clear();
+            finished.clear();
         }
         map.insert(stored.tx.gid.clone(), stored);
     }
 
     pub(super) fn remove(&self, gid: &str) {
-        self.map.lock().expect("poisoned").remove(gid);
+        self.inner.lock().expect("poisoned").map.remove(gid);
+    }
+
+    /// Entries held (for tests of the bound).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.inner.lock().expect("poisoned").map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Kind, Transaction, TxOptions};
+
+    fn stored(gid: &str, status: Status) -> StoredTx {
+        let mut tx = Transaction::prepared(gid, Kind::Saga, TxOptions::default(), 0);
+        tx.status = status;
+        StoredTx {
+            tx,
+            request_hash: String::new(),
+            owner_token: None,
+            lease_until: None,
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn finished_states_are_kept_only_up_to_their_bound() {
+        let recent = Recent::default();
+        recent.put(stored("active", Status::Running));
+        for i in 0..FINISHED_KEPT * 3 {
+            recent.put(stored(&format!("g{i}"), Status::Succeeded));
+        }
+        assert_eq!(recent.len(), FINISHED_KEPT + 1);
+        // The unfinished one survives the churn; the newest finished ones are there.
+        assert!(recent.get("active").is_some());
+        assert!(recent.get(&format!("g{}", FINISHED_KEPT * 3 - 1)).is_some());
+        assert!(recent.get("g0").is_none());
+    }
+
+    #[test]
+    fn a_finished_entry_made_unfinished_again_is_not_dropped_with_its_old_place() {
+        let recent = Recent::default();
+        recent.put(stored("again", Status::Failed));
+        recent.put(stored("again", Status::Running));
+        for i in 0..FINISHED_KEPT {
+            recent.put(stored(&format!("g{i}"), Status::Succeeded));
+        }
+        assert_eq!(
+            recent.get("again").map(|s| s.tx.status),
+            Some(Status::Running)
+        );
     }
 }
