@@ -19,6 +19,9 @@ use idem_demo::{inventory, payment};
 use idem_participant::testing::{Backend, TestDatabase};
 
 pub mod limit;
+mod soak;
+
+pub use soak::SoakFigures;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -38,6 +41,9 @@ pub enum Workload {
     /// `--inflight` sagas stuck at a participant, the coordinator killed with SIGKILL,
     /// the participant healed, the coordinator restarted: how long until all are done.
     Recovery,
+    /// Sagas at `--rate` per second for `--duration` seconds, 1 % at a slow participant
+    /// and 1 % at a failing one: the coordinator's memory over a long run.
+    Soak,
 }
 
 #[derive(Clone, Debug)]
@@ -60,6 +66,8 @@ pub struct BenchConfig {
     pub limit_root: Option<PathBuf>,
     /// Inflight: how long the participant takes to answer each call.
     pub participant_delay: Duration,
+    /// Soak: sagas started per second.
+    pub rate: f64,
 }
 
 /// SQL per global transaction, counted.
@@ -105,10 +113,15 @@ pub struct BenchResult {
     pub limit_per_second: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub share_of_limit: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub soak: Option<SoakFigures>,
 }
 
 impl BenchResult {
     pub fn table(&self) -> String {
+        if let Some(soak) = &self.soak {
+            return soak.table(self);
+        }
         if let Some(n) = self.in_flight {
             let mut out = format!(
                 "workload {} on {}: {} transactions, {} failed, {:.1} s\n  coordinator peak RSS {:.1} MB\n",
@@ -432,7 +445,11 @@ impl Client {
                     .await?;
                 expect_succeeded(&tx)
             }
-            Workload::Saga | Workload::Empty | Workload::Inflight | Workload::Recovery => {
+            Workload::Saga
+            | Workload::Empty
+            | Workload::Inflight
+            | Workload::Recovery
+            | Workload::Soak => {
                 let steps: Vec<Value> = (0..2)
                     .map(|i| json!({"action": self.urls[i], "compensate": self.urls[i], "payload": payloads[i]}))
                     .collect();
@@ -552,8 +569,10 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 
 /// Runs the benchmark.
 pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
-    if matches!(config.workload, Workload::Inflight | Workload::Recovery) {
-        return run_many_in_flight(config).await;
+    match config.workload {
+        Workload::Inflight | Workload::Recovery => return run_many_in_flight(config).await,
+        Workload::Soak => return soak::run(config).await,
+        Workload::Tcc | Workload::Saga | Workload::Empty => {}
     }
     crate::transport::install_crypto_provider();
     let http = reqwest::Client::builder()
@@ -663,10 +682,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         // CPU over warm-up and measurement, scaled to the measured share.
         coordinator_cpu_seconds: cpu * measured.as_secs_f64()
             / (config.warmup + config.duration).as_secs_f64(),
-        in_flight: None,
-        recovery_seconds: None,
-        limit_per_second: None,
-        share_of_limit: None,
+        ..BenchResult::default()
     };
     coordinator.stop().await;
     participants.stop().await;

@@ -18,9 +18,10 @@ pub struct BenchArgs {
     /// Measured seconds.
     #[arg(long, default_value_t = 20)]
     pub duration: u64,
-    /// Seconds run before measuring.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u64,
+    /// Seconds run before measuring (default 3; soak: 60, so the start of the memory
+    /// curve is a warm process).
+    #[arg(long)]
+    pub warmup: Option<u64>,
     /// Transactions in the SQL-counting pass (0 skips it).
     #[arg(long, default_value_t = 200)]
     pub count: usize,
@@ -33,9 +34,14 @@ pub struct BenchArgs {
     /// Inflight and recovery workloads: how many transactions.
     #[arg(long, default_value_t = 10_000)]
     pub inflight: usize,
-    /// Inflight workload: how long the participant takes per call, in ms.
+    /// Inflight workload: how long the participant takes per call; soak: how long the
+    /// slow one takes, in ms.
     #[arg(long, default_value_t = 2_000)]
     pub participant_delay_ms: u64,
+    /// Soak workload: sagas started per second (an open load: they start on time whether
+    /// or not the earlier ones are done).
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
     /// Then run the limit script (bench/limit/, PostgreSQL with pgbench) with the same
     /// clients and duration, and print idem's share of it. Run from the checkout root.
     #[arg(long)]
@@ -48,7 +54,13 @@ pub(super) async fn bench(args: BenchArgs) -> Result<(), BoxError> {
         backend: args.backend,
         clients: args.clients.max(1),
         duration: Duration::from_secs(args.duration.max(1)),
-        warmup: Duration::from_secs(args.warmup),
+        warmup: Duration::from_secs(args.warmup.unwrap_or(
+            if args.workload == crate::bench::Workload::Soak {
+                60
+            } else {
+                3
+            },
+        )),
         count: args.count,
         idem_bin: std::env::current_exe()?,
         serve_args: args.serve_args,
@@ -56,6 +68,7 @@ pub(super) async fn bench(args: BenchArgs) -> Result<(), BoxError> {
         inflight: args.inflight,
         limit_root: args.limit.then(std::env::current_dir).transpose()?,
         participant_delay: Duration::from_millis(args.participant_delay_ms),
+        rate: args.rate,
     };
     let result = crate::bench::run(&config).await?;
     print!("{}", result.table());

@@ -136,8 +136,7 @@ impl Recent {
                     map.remove(&old);
                 }
             }
-        } else if map.len() >= ACTIVE_KEPT + FINISHED_KEPT && !map.contains_key(&stored.tx.gid)
-        {
+        } else if map.len() >= ACTIVE_KEPT + FINISHED_KEPT && !map.contains_key(&stored.tx.gid) {
             map.clear();
             finished.clear();
         }
