@@ -6,20 +6,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-bench/results}"
 mkdir -p "$out"
-idem=./target/release/idem
+lab=./target/release/idem-lab
 for backend in postgres sqlite mysql; do
   for workload in tcc saga empty; do
     echo "== $workload on $backend"
-    $idem bench --workload "$workload" --backend "$backend" --clients 32 --duration 20 --warmup 3 \
+    $lab bench --workload "$workload" --backend "$backend" --clients 32 --duration 20 --warmup 3 \
       --count 300 --limit --json "$out/$workload-$backend.json" | tail -n +1
   done
 done
 for backend in postgres sqlite; do
   # A participant slow enough (10 s a call) that all 10,000 are in flight at once.
   echo "== inflight on $backend"
-  $idem bench --workload inflight --backend "$backend" --clients 64 --inflight 10000 \
+  $lab bench --workload inflight --backend "$backend" --clients 64 --inflight 10000 \
     --participant-delay-ms 10000 --json "$out/inflight-$backend.json"
   echo "== recovery on $backend"
-  $idem bench --workload recovery --backend "$backend" --clients 64 --inflight 10000 \
+  $lab bench --workload recovery --backend "$backend" --clients 64 --inflight 10000 \
     --json "$out/recovery-$backend.json"
 done

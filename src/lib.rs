@@ -3,15 +3,12 @@
 //! See `ARCHITECTURE.md` for the map of this crate.
 
 pub mod api;
-pub mod bench;
 pub mod canonical;
 pub mod cli;
 pub mod core;
 pub mod engine;
-pub mod faults;
 pub mod http_server;
 pub mod metrics;
-pub mod scenario;
 pub mod server;
 pub mod store;
 pub mod timestamp;

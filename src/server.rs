@@ -8,11 +8,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use std::path::PathBuf;
-
 use crate::api::{self, AppState};
-use crate::engine::{Engine, EngineConfig, Observer, SyncedClock};
-use crate::faults::{CrashOnPlan, FaultPlan, FaultyTransport, Observers, Timeline};
+use crate::engine::{Engine, EngineConfig, Observer, Observers, SyncedClock};
 use crate::http_server::{self, HttpLimits};
 use crate::store::{self, ConnectOptions, Store};
 use crate::transport::{HttpTransport, Transport};
@@ -30,10 +27,6 @@ pub struct ServerConfig {
     /// At start, how long to keep trying a database that does not answer yet.
     pub database_wait: Duration,
     pub wait_timeout: Duration,
-    /// Faults to inject into calls and crash points (testing and failure replay).
-    pub fault_plan: Option<Arc<FaultPlan>>,
-    /// Where to append the timeline of calls, faults and status changes (JSON lines).
-    pub record: Option<PathBuf>,
     /// How long a stopping server lets calls in flight finish before it stops them.
     pub shutdown_grace: Duration,
     /// A deliberate error in this process's wall clock, for tests of skewed hosts; idem
@@ -56,8 +49,6 @@ impl ServerConfig {
             connect: ConnectOptions::default(),
             database_wait: DEFAULT_DATABASE_WAIT,
             wait_timeout: api::native::DEFAULT_WAIT,
-            fault_plan: None,
-            record: None,
             shutdown_grace: Duration::from_secs(10),
             clock_skew_ms: 0,
             clock_sync_interval: Duration::from_secs(30),
@@ -112,39 +103,24 @@ pub async fn start(
 ) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
     let transport: Arc<dyn Transport> =
         Arc::new(HttpTransport::with_answer_limit(config.max_answer_bytes)?);
-    start_with(config, transport).await
+    start_with(config, transport, Vec::new()).await
 }
 
-/// Starts a coordinator with the given transport (fault injection wraps the real one).
+/// Starts a coordinator with the given transport and observers besides the metrics: the
+/// hooks through which the lab (`idem-lab serve`) injects faults and records timelines,
+/// and an embedding application watches.
 pub async fn start_with(
     config: ServerConfig,
     transport: Arc<dyn Transport>,
+    observers: Vec<Arc<dyn Observer>>,
 ) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
     crate::transport::install_crypto_provider();
     let store =
         store::open_when_ready(&config.database_url, &config.connect, config.database_wait).await?;
-    let node = config.engine.node.clone();
-    let timeline = match &config.record {
-        Some(path) => Some(Timeline::to_file(&node, path)?),
-        None => None,
-    };
     crate::metrics::install();
-    let mut observers: Vec<Arc<dyn Observer>> = vec![Arc::new(crate::metrics::MetricsObserver)];
-    if let Some(t) = &timeline {
-        observers.push(Arc::clone(t) as Arc<dyn Observer>);
-    }
-    let transport = match &config.fault_plan {
-        Some(plan) => {
-            observers.push(Arc::new(CrashOnPlan::new(
-                Arc::clone(plan),
-                &node,
-                timeline.clone(),
-            )));
-            Arc::new(FaultyTransport::new(transport, Arc::clone(plan))) as Arc<dyn Transport>
-        }
-        None => transport,
-    };
-    let observer: Arc<dyn Observer> = Arc::new(Observers(observers));
+    let mut all: Vec<Arc<dyn Observer>> = vec![Arc::new(crate::metrics::MetricsObserver)];
+    all.extend(observers);
+    let observer: Arc<dyn Observer> = Arc::new(Observers(all));
     let clock = SyncedClock::new(config.clock_skew_ms);
     if let Err(e) = clock.sync(store.as_ref()).await {
         tracing::warn!(error = %e, "cannot read the database's clock yet; using this host's");

@@ -1,24 +1,17 @@
 //! The `idem` command line: one module per command group.
 //!
 //! `serve` runs the coordinator; `tx` is the operator's tool, which talks to a running
-//! coordinator over its HTTP API (or, asked explicitly, to the database); `replay`,
-//! `chaos` and `bench` are the test tools.
+//! coordinator over its HTTP API (or, asked explicitly, to the database). The test tools
+//! (replay, chaos, bench) are in the lab crate's `idem-lab` binary.
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::faults::FaultPlan;
 use crate::server;
 use crate::store::ConnectOptions;
 
-mod bench;
-mod chaos;
-mod replay;
-mod serve;
+pub mod serve;
 pub mod tx;
 
-pub use bench::BenchArgs;
-pub use chaos::ChaosArgs;
-pub use replay::ReplayArgs;
 pub use serve::ServeArgs;
 pub use tx::{TargetArgs, TxCommand};
 
@@ -53,19 +46,9 @@ pub enum Command {
     /// --database-url, on its database).
     #[command(subcommand)]
     Tx(TxCommand),
-    /// Run a failure scenario file (or re-run a recorded run and compare) against the
-    /// example participants on embedded SQLite, and print its timeline.
-    Replay(ReplayArgs),
-    /// A chaos run: many orders, random faults, coordinators killed with SIGKILL; checks
-    /// the invariants at the end.
-    Chaos(ChaosArgs),
-    /// Load test: C clients run global transactions end to end against an `idem serve`
-    /// process and the example participants; prints throughput, latency, SQL per
-    /// transaction and the coordinator's peak RSS.
-    Bench(BenchArgs),
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
     match cli.command {
@@ -76,23 +59,11 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
             Ok(())
         }
         Command::Tx(cmd) => tx::run(cmd).await,
-        Command::Replay(args) => replay::replay(args).await,
-        Command::Chaos(args) => chaos::chaos(args).await,
-        Command::Bench(args) => bench::bench(args).await,
     }
 }
 
-/// Reads a fault plan file: TOML if it ends in `.toml`, JSON otherwise.
-pub fn read_plan(path: &std::path::Path) -> Result<FaultPlan, BoxError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let toml = path.extension().is_some_and(|e| e == "toml");
-    FaultPlan::parse(&text, toml)
-        .map_err(|e| format!("invalid fault plan {}: {e}", path.display()).into())
-}
-
 /// Hides a password in a database URL before printing it.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     match reqwest::Url::parse(url) {
         Ok(mut u) if u.password().is_some() => {
             let _ = u.set_password(Some("***"));

@@ -1,13 +1,14 @@
 //! `idem serve`: the coordinator.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 
-use super::{BoxError, DatabaseArgs, read_plan, redact};
-use crate::server::{self, ServerConfig};
+use std::future::Future;
+
+use super::{BoxError, DatabaseArgs, redact};
+use crate::server::{self, RunningServer, ServerConfig};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -82,13 +83,6 @@ pub struct ServeArgs {
     /// clock, so a skewed host must not matter).
     #[arg(long, default_value_t = 0, hide = true, allow_hyphen_values = true)]
     pub test_clock_offset_ms: i64,
-    /// A fault plan (JSON, or TOML by extension) to inject into participant calls and
-    /// crash points. For testing and failure replay only.
-    #[arg(long)]
-    pub fault_plan: Option<std::path::PathBuf>,
-    /// Append the timeline of calls, faults and status changes to this file (JSON lines).
-    #[arg(long)]
-    pub record: Option<std::path::PathBuf>,
     /// Bytes of a participant's answer that are read; the rest is not (a DTM answer's
     /// FAILURE or ONGOING must be within them).
     #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..=16 << 20))]
@@ -110,15 +104,40 @@ pub struct ServeArgs {
     pub max_branches: u32,
 }
 
-/// Runs `idem serve`. (`serve` itself is private to this module, as it was in `cli.rs`.)
-pub(super) async fn run(args: ServeArgs) -> Result<(), BoxError> {
-    serve(args).await
+/// Runs `idem serve`: the coordinator the flags describe, until SIGTERM or Ctrl-C.
+pub async fn run(args: ServeArgs) -> Result<(), BoxError> {
+    run_with(args, |config| async move { server::start(config).await }).await
 }
 
-async fn serve(args: ServeArgs) -> Result<(), BoxError> {
+/// Runs the coordinator that `start` makes from the configuration the flags describe,
+/// until SIGTERM or Ctrl-C, then stops it gracefully. The lab's `serve` passes a `start`
+/// that puts a fault plan in front of the transport.
+pub async fn run_with<F, Fut>(args: ServeArgs, start: F) -> Result<(), BoxError>
+where
+    F: FnOnce(ServerConfig) -> Fut,
+    Fut: Future<Output = Result<RunningServer, BoxError>>,
+{
+    let config = server_config(&args);
+    let running = start(config).await?;
+    println!(
+        "idem listening on {} ({})",
+        running.url(),
+        redact(&args.db.database_url)
+    );
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    running.stop().await?;
+    Ok(())
+}
+
+/// The server configuration the flags describe.
+pub fn server_config(args: &ServeArgs) -> ServerConfig {
     let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
     config.engine.node_is_unique = args.node.is_some();
-    config.engine.node = args.node.unwrap_or_else(|| default_node(args.listen));
+    config.engine.node = args
+        .node
+        .clone()
+        .unwrap_or_else(|| default_node(args.listen));
     config.engine.lease_ms = args.lease_ms.max(1_000);
     config.engine.recovery_interval = Duration::from_millis(args.recovery_interval_ms.max(10));
     config.engine.defaults.request_timeout_ms = args.request_timeout_ms;
@@ -136,25 +155,12 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
     config.wait_timeout = Duration::from_millis(args.wait_timeout_ms);
     config.shutdown_grace = Duration::from_millis(args.shutdown_timeout_ms);
     config.clock_skew_ms = args.test_clock_offset_ms;
-    if let Some(path) = &args.fault_plan {
-        config.fault_plan = Some(Arc::new(read_plan(path)?));
-    }
-    config.record = args.record.clone();
     config.max_answer_bytes = args.max_answer_bytes as usize;
     config.http.read_timeout = Duration::from_millis(args.request_read_timeout_ms);
     config.http.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
     config.http.max_connections = args.max_http_connections;
     config.connect.max_branches = args.max_branches as usize;
-    let running = server::start(config).await?;
-    println!(
-        "idem listening on {} ({})",
-        running.url(),
-        redact(&args.db.database_url)
-    );
-    shutdown_signal().await;
-    tracing::info!("shutting down");
-    running.stop().await?;
-    Ok(())
+    config
 }
 
 async fn shutdown_signal() {

@@ -128,6 +128,32 @@ pub struct NoObserver;
 
 impl Observer for NoObserver {}
 
+/// Several observers as one.
+pub struct Observers(pub Vec<Arc<dyn Observer>>);
+
+impl Observer for Observers {
+    fn call(&self, request: &CallRequest, result: &CallResult, started_at: Millis) {
+        for o in &self.0 {
+            o.call(request, result, started_at);
+        }
+    }
+    fn status(&self, gid: &str, from: Status, to: Status, at: Millis) {
+        for o in &self.0 {
+            o.status(gid, from, to, at);
+        }
+    }
+    fn point(&self, point: Point, gid: &str) {
+        for o in &self.0 {
+            o.point(point, gid);
+        }
+    }
+    fn fenced(&self, gid: &str) {
+        for o in &self.0 {
+            o.fenced(gid);
+        }
+    }
+}
+
 /// Why a client or operator request failed. Each maps to one API error code.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

@@ -1,5 +1,5 @@
 -- The SQL idem runs for one `empty` global transaction on MariaDB (the coordinator alone).
--- Run by `idem bench --backend mysql --workload empty --limit` (see bench/limit/README.md).
+-- Run by `idem-lab bench --backend mysql --workload empty --limit` (see bench/limit/README.md).
 \set r random(1, 1000000000000)
 \set now random(1800000000000, 1800000000000000)
 -- coordinator: create the saga with its branch operations

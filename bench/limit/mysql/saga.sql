@@ -1,5 +1,5 @@
 -- The SQL idem and its participants run for one `saga` global transaction on MariaDB.
--- Run by `idem bench --backend mysql --workload saga --limit` (see bench/limit/README.md).
+-- Run by `idem-lab bench --backend mysql --workload saga --limit` (see bench/limit/README.md).
 \set r random(1, 1000000000000)
 \set sku random(0, 999)
 \set acct random(0, 999)

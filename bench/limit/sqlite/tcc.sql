@@ -1,5 +1,5 @@
 -- The SQL idem, the inventory and the payment participants run for one `tcc` global transaction on SQLite.
--- Run by `idem bench --backend sqlite --workload tcc --limit` (see bench/limit/README.md).
+-- Run by `idem-lab bench --backend sqlite --workload tcc --limit` (see bench/limit/README.md).
 \set r random(1, 1000000000000)
 \set sku random(0, 999)
 \set acct random(0, 999)

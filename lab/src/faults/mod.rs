@@ -24,9 +24,9 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::core::{CallOutcome, Millis, Status};
-use crate::engine::{Observer, Point};
-use crate::transport::{CallRequest, CallResult, Transport, classify};
+use idem::core::{CallOutcome, Millis, Status};
+use idem::engine::{Observer, Point};
+use idem::transport::{CallRequest, CallResult, Transport, classify};
 
 mod plan;
 
@@ -340,8 +340,8 @@ fn parse_call_params(query: &str) -> Option<CallParams> {
 }
 
 fn now() -> Millis {
-    use crate::engine::Clock;
-    crate::engine::SystemClock.now()
+    use idem::engine::Clock;
+    idem::engine::SystemClock.now()
 }
 
 // ---- crashes ---------------------------------------------------------------------------
@@ -409,32 +409,6 @@ fn pause_process(ms: u64) {
         let _ = std::process::Command::new("kill")
             .args(["-STOP", &pid])
             .status();
-    }
-}
-
-/// Several observers as one.
-pub struct Observers(pub Vec<Arc<dyn Observer>>);
-
-impl Observer for Observers {
-    fn call(&self, request: &CallRequest, result: &CallResult, started_at: Millis) {
-        for o in &self.0 {
-            o.call(request, result, started_at);
-        }
-    }
-    fn status(&self, gid: &str, from: Status, to: Status, at: Millis) {
-        for o in &self.0 {
-            o.status(gid, from, to, at);
-        }
-    }
-    fn point(&self, point: Point, gid: &str) {
-        for o in &self.0 {
-            o.point(point, gid);
-        }
-    }
-    fn fenced(&self, gid: &str) {
-        for o in &self.0 {
-            o.fenced(gid);
-        }
     }
 }
 

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::{Participant, Report, Scenario};
-use crate::core::Millis;
+use idem::core::Millis;
 use crate::faults::glob;
 
 /// A participant down for some orders until the runner heals it.
@@ -198,8 +198,8 @@ async fn refuse_while_down(
 }
 
 fn now() -> Millis {
-    use crate::engine::Clock;
-    crate::engine::SystemClock.now()
+    use idem::engine::Clock;
+    idem::engine::SystemClock.now()
 }
 
 /// What an outage must have caused: each one met some order; every order it met was seen
@@ -235,7 +235,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::core::{Kind, Status};
+    use idem::core::{Kind, Status};
     use crate::faults::TimelineEvent;
     use crate::scenario::{Order, RetryOptions};
 

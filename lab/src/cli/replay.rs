@@ -1,4 +1,4 @@
-//! `idem replay`: a scenario file, or a recorded run re-run and compared.
+//! `idem-lab replay`: a scenario file, or a recorded run re-run and compared.
 
 use clap::Args;
 
@@ -6,7 +6,7 @@ use super::BoxError;
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// A scenario (JSON or TOML, see tests/scenarios/) or a recording made with --record.
+    /// A scenario (JSON or TOML, see lab/tests/scenarios/) or a recording made with --record.
     pub file: std::path::PathBuf,
     /// Write the run (scenario, faults, timeline, final state) here, for a later replay.
     #[arg(long)]

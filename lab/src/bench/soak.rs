@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{ACTIVE, BenchConfig, BenchResult, Coordinator, Databases, Error, percentile};
-use crate::core::Status;
+use idem::core::Status;
 
 /// One in this many sagas has a slow second step, and one in this many a failing one.
 const ONE_IN: u64 = 100;
@@ -198,7 +198,7 @@ pub(super) async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     if !(config.rate > 0.0 && config.rate <= 100_000.0) {
         return Err("--rate must be above 0 and at most 100000 sagas per second".into());
     }
-    crate::transport::install_crypto_provider();
+    idem::transport::install_crypto_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1_024)
         .tcp_nodelay(true)
@@ -317,7 +317,7 @@ pub(super) async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         }
     }
     let store =
-        crate::server::open_store(&dbs.coordinator, &crate::store::ConnectOptions::default())
+        idem::server::open_store(&dbs.coordinator, &idem::store::ConnectOptions::default())
             .await?;
     figures.left_unfinished = store.count(&ACTIVE).await?;
     figures.stalled = store.count(&[Status::Stalled]).await?;

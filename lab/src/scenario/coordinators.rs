@@ -114,7 +114,7 @@ impl Launch {
     /// The crash rules that already fired for this node leave the plan, so a restarted
     /// coordinator does not crash at the same point again forever.
     fn drop_fired_crashes(&mut self) {
-        let fired: Vec<(crate::engine::Point, String)> = Timeline::read(&self.timeline)
+        let fired: Vec<(idem::engine::Point, String)> = Timeline::read(&self.timeline)
             .unwrap_or_default()
             .into_iter()
             .filter_map(|e| match e {

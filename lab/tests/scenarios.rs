@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use idem::scenario::{self, RunConfig, Scenario};
+use idem_lab::scenario::{self, RunConfig, Scenario};
 use idem_participant::testing::{Backend, TestDatabase};
 
 async fn run_file(name: &str) {
@@ -43,7 +43,7 @@ async fn run_file(name: &str) {
             std::process::id()
         ));
         let config = RunConfig {
-            idem_bin: PathBuf::from(env!("CARGO_BIN_EXE_idem")),
+            idem_bin: PathBuf::from(env!("CARGO_BIN_EXE_idem-lab")),
             coordinator_db: dbs[0].url.clone(),
             inventory_db: dbs[1].url.clone(),
             payment_db: dbs[2].url.clone(),
@@ -104,7 +104,7 @@ scenarios! {
 #[test]
 fn every_scenario_file_is_run() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
-    let this = std::fs::read_to_string(file!()).unwrap();
+    let this = include_str!("scenarios.rs");
     for entry in std::fs::read_dir(dir).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         let stem = name.trim_end_matches(".json");

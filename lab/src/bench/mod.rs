@@ -1,4 +1,4 @@
-//! `idem bench`: a load generator that measures idem end to end.
+//! `idem-lab bench`: a load generator that measures idem end to end.
 //!
 //! The coordinator runs as its own `idem serve` process (so its peak RSS is its own); the
 //! participants (inventory and payment with the real barrier and business SQL, or an empty
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::metrics::SqlCounts;
+use idem::metrics::SqlCounts;
 use idem_demo::{inventory, payment};
 use idem_participant::testing::{Backend, TestDatabase};
 
@@ -574,7 +574,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         Workload::Soak => return soak::run(config).await,
         Workload::Tcc | Workload::Saga | Workload::Empty => {}
     }
-    crate::transport::install_crypto_provider();
+    idem::transport::install_crypto_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1_024)
         .tcp_nodelay(true)
@@ -596,16 +596,16 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
             urls: participants.urls.clone(),
             workload: config.workload,
         };
-        crate::metrics::set_sql_counting(true);
-        let before_here = crate::metrics::sql_counts();
+        idem::metrics::set_sql_counting(true);
+        let before_here = idem::metrics::sql_counts();
         let before_there = coordinator.sql(&http).await?;
         let commits_before = server_commits(&dbs).await;
         for n in 0..config.count {
             client.one(&format!("count-{run_id}-{n}"), n).await?;
         }
-        let here = delta(crate::metrics::sql_counts(), before_here);
+        let here = delta(idem::metrics::sql_counts(), before_here);
         let there = delta(coordinator.sql(&http).await?, before_there);
-        crate::metrics::set_sql_counting(false);
+        idem::metrics::set_sql_counting(false);
         coordinator.stop().await;
         let server_commits_per_tx = match (commits_before, server_commits(&dbs).await) {
             (Some(before), Some(after)) => Some((after - before) as f64 / config.count as f64),
@@ -808,17 +808,17 @@ async fn create_sagas(
     Ok(())
 }
 
-const ACTIVE: [crate::core::Status; 4] = crate::core::Status::ACTIVE;
+const ACTIVE: [idem::core::Status; 4] = idem::core::Status::ACTIVE;
 
 /// The inflight and recovery workloads.
 async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResult, Error> {
-    crate::transport::install_crypto_provider();
+    idem::transport::install_crypto_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1_024)
         .build()?;
     let dbs = Databases::create(&config.backend).await?;
     let store =
-        crate::server::open_store(&dbs.coordinator, &crate::store::ConnectOptions::default())
+        idem::server::open_store(&dbs.coordinator, &idem::store::ConnectOptions::default())
             .await?;
     let gate = Arc::new(Gate::default());
     let recovery = config.workload == Workload::Recovery;
@@ -887,7 +887,7 @@ async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResult, Error> 
     result.per_second = config.inflight as f64 / result.seconds;
     result.coordinator_peak_rss_mb = coordinator.peak_rss_mb();
     let failed = store
-        .count(&[crate::core::Status::Failed, crate::core::Status::Stalled])
+        .count(&[idem::core::Status::Failed, idem::core::Status::Stalled])
         .await?;
     result.failures = failed;
     coordinator.stop().await;

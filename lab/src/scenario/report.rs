@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::{DbRestart, OutageHit};
-use crate::core::Status;
+use idem::core::Status;
 use crate::faults::{CallKey, Delivery, TimelineEvent, fault_signature};
 
 /// What a run did and found.
@@ -24,7 +24,7 @@ pub struct Report {
     pub outage_hits: Vec<OutageHit>,
     /// When each outage was healed.
     #[serde(default)]
-    pub healed_at: BTreeMap<String, crate::core::Millis>,
+    pub healed_at: BTreeMap<String, idem::core::Millis>,
     pub attempts: BTreeMap<String, i32>,
     pub stock: BTreeMap<String, [i64; 3]>,
     pub balances: BTreeMap<String, i64>,

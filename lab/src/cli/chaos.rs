@@ -1,4 +1,4 @@
-//! `idem chaos`: many random orders under random faults, coordinator kills, long outages
+//! `idem-lab chaos`: many random orders under random faults, coordinator kills, long outages
 //! and database restarts, with the invariants checked at the end.
 
 use std::path::Path;
@@ -242,7 +242,7 @@ mod tests {
     fn the_runs_at_scale_parse() {
         let args = |backend: &str| {
             let line = format!(
-                "idem chaos --orders 10000 --fault-rate 0.3 --coordinators 3 --kills 4 \
+                "idem-lab chaos --orders 10000 --fault-rate 0.3 --coordinators 3 --kills 4 \
                  --kill-every-ms 15000 --db-restarts 2 --skewed-clock-ms -60000 --backend {backend}"
             );
             match Cli::parse_from(line.split_whitespace()).command {

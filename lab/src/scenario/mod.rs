@@ -10,8 +10,8 @@
 //! It also plays the operator: it heals long outages once the orders they hit have settled,
 //! and retries what stalled. And it can restart the database server mid-run (`restarts`).
 //!
-//! Used by `tests/scenarios.rs` (the files in `tests/scenarios/`), `idem replay` and
-//! `idem chaos`.
+//! Used by `lab/tests/scenarios.rs` (the files in `lab/tests/scenarios/`), `idem-lab replay` and
+//! `idem-lab chaos`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::core::{Kind, Status};
+use idem::core::{Kind, Status};
 use crate::faults::{CallKey, FaultPlan, Timeline, TimelineEvent, fault_signature};
 
 mod chaos;
@@ -274,14 +274,14 @@ impl RunConfig {
 }
 
 pub fn branch_id(index: usize) -> String {
-    crate::core::step_branch_id(index)
+    idem::core::step_branch_id(index)
 }
 
 // ---- running ---------------------------------------------------------------------------
 
 /// Runs a scenario and checks it. The report lists every violation found.
 pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Error> {
-    crate::transport::install_crypto_provider();
+    idem::transport::install_crypto_provider();
     std::fs::create_dir_all(&config.work_dir)?;
     let started = Instant::now();
     let timeline_file = config.work_dir.join("timeline.jsonl");
@@ -431,7 +431,7 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     Ok(report)
 }
 
-/// A recorded run: the scenario and what it produced, for `idem replay` to reproduce.
+/// A recorded run: the scenario and what it produced, for `idem-lab replay` to reproduce.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Recording {
     pub scenario: Scenario,

@@ -104,7 +104,7 @@ impl Fault {
     }
 }
 
-pub use crate::engine::Point as CrashPoint;
+pub use idem::engine::Point as CrashPoint;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

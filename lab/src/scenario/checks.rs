@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use super::{Error, Order, Participant, Participants, Report, Scenario};
-use crate::core::{Kind, Status};
+use idem::core::{Kind, Status};
 use crate::faults::TimelineEvent;
 use idem_demo::{coupon, inventory, payment};
 

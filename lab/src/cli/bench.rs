@@ -1,4 +1,4 @@
-//! `idem bench`: the load test.
+//! `idem-lab bench`: the load test.
 
 use std::time::Duration;
 
@@ -46,6 +46,11 @@ pub struct BenchArgs {
     /// clients and duration, and print idem's share of it. Run from the checkout root.
     #[arg(long)]
     pub limit: bool,
+    /// The coordinator binary to measure (run as `BIN serve ...`). Default: the `idem`
+    /// beside this `idem-lab` (cargo builds both into one directory), else `idem-lab`
+    /// itself, whose `serve` is the same coordinator.
+    #[arg(long)]
+    pub idem_bin: Option<std::path::PathBuf>,
 }
 
 pub(super) async fn bench(args: BenchArgs) -> Result<(), BoxError> {
@@ -62,7 +67,14 @@ pub(super) async fn bench(args: BenchArgs) -> Result<(), BoxError> {
             },
         )),
         count: args.count,
-        idem_bin: std::env::current_exe()?,
+        idem_bin: match args.idem_bin {
+            Some(bin) => bin,
+            None => {
+                let me = std::env::current_exe()?;
+                let beside = me.with_file_name("idem");
+                if beside.is_file() { beside } else { me }
+            }
+        },
         serve_args: args.serve_args,
         progress: true,
         inflight: args.inflight,

@@ -1,17 +1,19 @@
 //! A small chaos run in every CI: random orders under random faults on over 20 % of the
 //! participant calls, three SIGKILLs of a coordinator, two coordinators sharing
 //! PostgreSQL, and two long outages (inventory, then payment) that outlast the retry
-//! budget of the orders they hit. Then `idem chaos` itself with a restart of the database
+//! budget of the orders they hit. Then `idem-lab chaos` itself with a restart of the database
 //! server in the middle (a private PostgreSQL: the shared one must stay up), and with one
-//! coordinator's clock a minute off. `idem chaos` runs the full size.
+//! coordinator's clock a minute off. `idem-lab chaos` runs the full size.
 
-mod common;
+// The private PostgreSQL server of the coordinator's tests, shared rather than copied.
+#[path = "../../tests/common/private_postgres.rs"]
+mod private_postgres;
 
 use std::path::PathBuf;
 
-use common::private_postgres::PrivatePostgres;
+use private_postgres::PrivatePostgres;
 use idem::core::Status;
-use idem::scenario::{self, ChaosConfig, RunConfig};
+use idem_lab::scenario::{self, ChaosConfig, RunConfig};
 use idem_participant::testing::{Backend, TestDatabase};
 use sqlx::Connection;
 
@@ -39,7 +41,7 @@ async fn chaos_small_on_postgres_with_two_coordinators_and_kills() {
     let scenario = scenario::chaos_scenario(&config);
     let work_dir = std::env::temp_dir().join(format!("idem-chaos-test-{}", std::process::id()));
     let run = RunConfig {
-        idem_bin: PathBuf::from(env!("CARGO_BIN_EXE_idem")),
+        idem_bin: PathBuf::from(env!("CARGO_BIN_EXE_idem-lab")),
         coordinator_db: dbs[0].url.clone(),
         inventory_db: dbs[1].url.clone(),
         payment_db: dbs[2].url.clone(),
@@ -97,7 +99,7 @@ async fn postmaster_start(url: &str) -> f64 {
 }
 
 /// The database server restarts while orders are in flight: coordinators, participants and
-/// the runner's client ride it out, and every check holds. `idem chaos` as an operator runs
+/// the runner's client ride it out, and every check holds. `idem-lab chaos` as an operator runs
 /// it, pointed at a private server by the same variable the by-hand runs would use.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_rides_out_a_database_restart() {
@@ -106,7 +108,7 @@ async fn chaos_rides_out_a_database_restart() {
     };
     let admin = pg.admin_url();
     let started = postmaster_start(&admin).await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-lab"))
         .args(["chaos", "--orders", "120", "--concurrency", "8"])
         .args(["--fault-rate", "0.2", "--coordinators", "2", "--seed", "11"])
         .args(["--kills", "1", "--kill-every-ms", "1500"])
@@ -140,21 +142,9 @@ async fn chaos_rides_out_a_database_restart() {
 /// the database's clock, so nothing changes: no violation, and no more failed orders than
 /// the faults explain (a coordinator that trusted its own clock would see every lease
 /// lapsed and every prepared TCC timed out, and abort them).
-///
-/// `idem serve --test-clock-offset-ms` comes with another branch; until it is there, this
-/// test says so and stops.
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_with_a_coordinator_clock_a_minute_ahead() {
-    let help = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["serve", "--help"])
-        .output()
-        .unwrap();
-    if !String::from_utf8_lossy(&help.stdout).contains("--test-clock-offset-ms") {
-        println!(
-            "SKIPPED chaos_with_a_coordinator_clock_a_minute_ahead: idem serve has no --test-clock-offset-ms yet"
-        );
-        return;
-    }
     let mut dbs = Vec::new();
     for _ in 0..4 {
         match TestDatabase::create(Backend::Postgres, "chaos_skewed_clock").await {
@@ -178,7 +168,7 @@ async fn chaos_with_a_coordinator_clock_a_minute_ahead() {
     let scenario = scenario::chaos_scenario(&config);
     let work_dir = std::env::temp_dir().join(format!("idem-chaos-skew-{}", std::process::id()));
     let run = RunConfig {
-        idem_bin: PathBuf::from(env!("CARGO_BIN_EXE_idem")),
+        idem_bin: PathBuf::from(env!("CARGO_BIN_EXE_idem-lab")),
         coordinator_db: dbs[0].url.clone(),
         inventory_db: dbs[1].url.clone(),
         payment_db: dbs[2].url.clone(),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use idem::bench::{BenchConfig, Workload, run};
+use idem_lab::bench::{BenchConfig, Workload, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_soak_accounts_for_every_saga_and_samples_memory() {
@@ -15,7 +15,7 @@ async fn a_short_soak_accounts_for_every_saga_and_samples_memory() {
         duration: Duration::from_secs(5),
         warmup: Duration::from_secs(1),
         count: 0,
-        idem_bin: env!("CARGO_BIN_EXE_idem").into(),
+        idem_bin: env!("CARGO_BIN_EXE_idem-lab").into(),
         serve_args: Vec::new(),
         progress: false,
         inflight: 0,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::{Error, Order, Participant, Settings, branch_id, coordinators::Coordinators};
-use crate::core::Kind;
+use idem::core::Kind;
 
 pub(super) struct Client {
     http: reqwest::Client,

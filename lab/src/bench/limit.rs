@@ -25,7 +25,7 @@ pub fn script(root: &Path, backend: &str, workload: Workload) -> PathBuf {
 /// Every table in one database: the coordinator's (its migrations) and the participants'
 /// (their DDL), seeded as the benchmark seeds them.
 async fn create_and_seed(url: &str) -> Result<(), Error> {
-    crate::server::open_store(url, &crate::store::ConnectOptions::default()).await?;
+    idem::server::open_store(url, &idem::store::ConnectOptions::default()).await?;
     let inventory = idem_demo::inventory::open(url).await?;
     let payment = idem_demo::payment::open(url).await?;
     for i in 0..super::SKUS {

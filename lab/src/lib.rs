@@ -1,0 +1,17 @@
+//! idem's lab: failure replay and measurement, beside the coordinator rather than in it.
+//!
+//! - [`faults`]: fault plans; the transport wrapper and crash points that apply them in a
+//!   coordinator (`idem-lab serve`), and the axum middleware that applies them in front of
+//!   a participant service; the timeline of a run.
+//! - [`scenario`]: scenario files run against real participants and coordinator processes,
+//!   recordings and their replay, the chaos run and its invariant checks.
+//! - [`bench`]: the load generator (`idem-lab bench`).
+//!
+//! The production binary, `idem`, contains none of this; `idem-lab` is `idem serve` plus
+//! these tools. A participant's own test suite can use this crate as a dev-dependency to
+//! put a fault plan in front of its service (see the crate's README).
+
+pub mod bench;
+pub mod cli;
+pub mod faults;
+pub mod scenario;
