@@ -6,6 +6,8 @@
 //! - [`scenario`]: scenario files run against real participants and coordinator processes,
 //!   recordings and their replay, the chaos run and its invariant checks.
 //! - [`bench`]: the load generator (`idem-lab bench`).
+//! - [`harness`]: failure replay in a participant's own tests: a coordinator in-process
+//!   with a fault plan, and the layer that puts the plan in front of the service.
 //!
 //! The production binary, `idem`, contains none of this; `idem-lab` is `idem serve` plus
 //! these tools. A participant's own test suite can use this crate as a dev-dependency to
@@ -14,4 +16,5 @@
 pub mod bench;
 pub mod cli;
 pub mod faults;
+pub mod harness;
 pub mod scenario;
