@@ -1,0 +1,140 @@
+//! The layering, checked: the crate graph and the pure core's imports, as ARCHITECTURE.md
+//! draws them. A new dependency that breaks a rule fails here, not in review.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `package|features` of every package in `package`'s normal (non-dev, non-build)
+/// dependency tree, with features resolved as a build of that package alone resolves them.
+fn normal_tree(package: &str) -> Vec<(String, String)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(root())
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            package,
+            "-e",
+            "normal",
+        ])
+        .args(["--prefix", "none", "-f", "{p}|{f}"])
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('|'))
+        .map(|(p, f)| {
+            let name = p.split_whitespace().next().unwrap_or("").to_owned();
+            (name, f.trim().to_owned())
+        })
+        .collect()
+}
+
+fn names(tree: &[(String, String)]) -> Vec<&str> {
+    tree.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+#[test]
+fn the_coordinator_links_no_lab_no_demo_and_no_test_support() {
+    let tree = normal_tree("idem");
+    let names = names(&tree);
+    // The parse sees the tree (a rule over an empty list would pass for nothing).
+    assert!(
+        names.contains(&"tokio") && names.contains(&"sqlx"),
+        "{names:?}"
+    );
+    for forbidden in ["idem-lab", "idem-demo", "indicatif", "proptest"] {
+        assert!(
+            !names.contains(&forbidden),
+            "idem depends on {forbidden}: {names:?}"
+        );
+    }
+    for (name, features) in &tree {
+        if name == "idem-participant" {
+            assert!(
+                !features.split(',').any(|f| f == "testing"),
+                "idem links the SDK's test support: {features}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_sdk_and_the_demo_do_not_depend_on_the_coordinator() {
+    for package in ["idem-participant", "idem-demo"] {
+        let tree = normal_tree(package);
+        let names = names(&tree);
+        for forbidden in ["idem", "idem-lab"] {
+            assert!(
+                !names.contains(&forbidden),
+                "{package} depends on {forbidden}"
+            );
+        }
+    }
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The core is pure: no I/O, no runtime, no clock, and nothing from the layers around it.
+/// Its tests (under `tests/`) may use what they like.
+#[test]
+fn the_core_does_no_io_reads_no_clock_and_imports_no_outer_layer() {
+    let core = root().join("src/core");
+    let mut files = Vec::new();
+    rust_files(&core, &mut files);
+    assert!(files.len() >= 3, "the core's files: {files:?}");
+    let forbidden = [
+        "tokio",
+        "sqlx",
+        "reqwest",
+        "axum",
+        "hyper",
+        "std::fs",
+        "std::net",
+        "std::thread",
+        "SystemTime",
+        "Instant::now",
+        "crate::store",
+        "crate::engine",
+        "crate::api",
+        "crate::transport",
+        "crate::server",
+        "crate::cli",
+    ];
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| {
+        !f.components().any(|c| c.as_os_str() == "tests")
+            && f.file_name().is_some_and(|n| n != "tests.rs")
+    }) {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for word in forbidden {
+                if code.contains(word) {
+                    found.push(format!("{}:{}: {word}", file.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "the core reaches outside: {found:#?}");
+}
