@@ -224,6 +224,7 @@ async fn sigterm_answers_waits_stops_calling_and_leaves_the_rest_to_the_other_no
         .await
         .expect("exits within the grace and a margin");
     let exited = Instant::now();
+    println!("SIGTERM to exit: {:?} (grace 2 s)", exited - signalled);
     assert!(status.success(), "{status:?}");
     assert!(
         exited - signalled < Duration::from_secs(6),
