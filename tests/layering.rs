@@ -84,6 +84,27 @@ fn the_sdk_and_the_demo_do_not_depend_on_the_coordinator() {
     }
 }
 
+/// What clients and the core share is plain data.
+#[test]
+fn the_shared_types_need_nothing_but_serde() {
+    let tree = normal_tree("idem-types");
+    let allowed = [
+        "idem-types",
+        "serde",
+        "serde_core",
+        "serde_derive",
+        "thiserror",
+        "thiserror-impl",
+        "proc-macro2",
+        "quote",
+        "syn",
+        "unicode-ident",
+    ];
+    for name in names(&tree) {
+        assert!(allowed.contains(&name), "idem-types depends on {name}");
+    }
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
