@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::core::{Action, Branch, BranchKey, Kind, Millis, Status, Transaction};
+use crate::core::{Branch, BranchKey, Kind, Millis, Status, Transaction};
 
 mod bounded;
 mod errors;
@@ -122,19 +122,9 @@ pub enum Saved {
     Lost,
 }
 
-/// One call to a participant that did not simply succeed.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct AttemptRecord {
-    pub branch_id: String,
-    pub action: Action,
-    /// 1 for the first call of this branch operation.
-    pub attempt: i32,
-    pub started_at: Millis,
-    pub duration_ms: i64,
-    /// `failure`, `in_progress` or `unknown`.
-    pub outcome: String,
-    pub detail: Option<String>,
-}
+/// One call to a participant that did not simply succeed (shared with the API's
+/// clients, as the history of a transaction's view).
+pub use idem_types::AttemptRecord;
 
 /// Filters for [`Store::list`]. Results come newest first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

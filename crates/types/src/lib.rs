@@ -1,5 +1,6 @@
 //! The types idem's coordinator and its clients share: the statuses, kinds and actions
-//! of global transactions and branch operations, and the per-transaction options. The
+//! of global transactions and branch operations, the per-transaction options, and the
+//! API's answers (views and error bodies). The
 //! coordinator's core works on them; `idem-client` parses the API's answers into them.
 //! Plain data: serde and nothing else, so any client can depend on it.
 
@@ -10,6 +11,10 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+mod views;
+
+pub use views::{AttemptRecord, BranchView, ErrorBody, ErrorView, PageView, TxView};
 
 /// Milliseconds since the Unix epoch. Every timestamp in idem is one of these, so the
 /// three databases store the same integer and the core never reads a clock.
