@@ -74,7 +74,12 @@ fn ok(branch_id: &str, action: Action) -> Event {
 }
 
 fn calls(t: &Transition) -> Vec<String> {
-    t.calls().map(|k| k.to_string()).collect()
+    t.calls().iter().map(|k| k.to_string()).collect()
+}
+
+/// Whether `t` stores its state, and what follows.
+fn effects(t: &Transition) -> (bool, Next) {
+    (t.persist, t.next.clone())
 }
 
 fn run(tx: &Transaction, events: &[Event], now: Millis) -> Transition {
@@ -88,7 +93,7 @@ fn tcc_submit_persists_the_decision_before_any_confirm() {
     let tx = tcc(&["a", "b"]);
     let t = run(&tx, &[Event::Submit], T0 + 1);
     assert_eq!(t.tx.status, Status::Committing);
-    assert_eq!(t.effects[0], Effect::Persist);
+    assert!(t.persist);
     assert_eq!(calls(&t), ["a/confirm", "b/confirm"]);
     assert_eq!(t.tx.next_attempt_at, Some(T0 + 1));
 }
@@ -104,10 +109,7 @@ fn tcc_all_confirms_done_succeeds() {
     let t = run(&t.tx, &[ok("b", Action::Confirm)], T0 + 6);
     assert_eq!(t.tx.status, Status::Succeeded);
     assert_eq!(t.tx.finished_at, Some(T0 + 6));
-    assert_eq!(
-        t.effects,
-        vec![Effect::Persist, Effect::Done(Status::Succeeded)]
-    );
+    assert_eq!(effects(&t), (true, Next::Done(Status::Succeeded)));
     assert_eq!(t.tx.next_attempt_at, None);
 }
 
@@ -123,7 +125,7 @@ fn tcc_abort_cancels_every_registered_branch() {
     );
     assert_eq!(t.tx.status, Status::Aborting);
     assert_eq!(t.tx.reason.as_deref(), Some("client"));
-    assert_eq!(t.effects[0], Effect::Persist);
+    assert!(t.persist);
     assert_eq!(calls(&t), ["a/cancel", "b/cancel", "c/cancel"]);
     let t = run(
         &t.tx,
@@ -150,7 +152,7 @@ fn tcc_timeout_while_prepared_aborts() {
 
     let early = run(&tx, &[Event::Wake], T0 + 499);
     assert_eq!(early.tx.status, Status::Prepared);
-    assert_eq!(early.effects, vec![Effect::WakeAt(T0 + 500)]);
+    assert_eq!(effects(&early), (false, Next::WakeAt(T0 + 500)));
 
     let t = run(&tx, &[Event::Wake], T0 + 500);
     assert_eq!(t.tx.status, Status::Aborting);
@@ -173,7 +175,7 @@ fn tcc_submit_after_the_timeout_is_refused() {
 fn tcc_repeated_submit_and_abort_are_harmless() {
     let committing = run(&tcc(&["a"]), &[Event::Submit], T0).tx;
     let again = run(&committing, &[Event::Submit], T0 + 1);
-    assert!(!again.persists());
+    assert!(!again.persist);
     assert_eq!(again.tx.status, Status::Committing);
 
     let aborting = run(&tcc(&["a"]), &[Event::Abort { reason: "x".into() }], T0).tx;
@@ -215,7 +217,7 @@ fn tcc_submit_with_no_branches_succeeds_at_once() {
     let tx = Transaction::prepared("g", Kind::Tcc, opts(), T0);
     let t = run(&tx, &[Event::Submit], T0);
     assert_eq!(t.tx.status, Status::Succeeded);
-    assert_eq!(t.effects.last(), Some(&Effect::Done(Status::Succeeded)));
+    assert_eq!(t.next, Next::Done(Status::Succeeded));
 }
 
 #[test]
@@ -269,7 +271,7 @@ fn confirm_unknown_result_is_retried_with_backoff_then_stalls() {
     assert_eq!(b.attempts, 1);
     // First retry: base 100 ms, jitter 0 -> half of it.
     assert_eq!(b.next_attempt_at, Some(T0 + 10 + 50));
-    assert_eq!(t1.effects, vec![Effect::Persist, Effect::WakeAt(T0 + 60)]);
+    assert_eq!(effects(&t1), (true, Next::WakeAt(T0 + 60)));
     assert_eq!(t1.tx.next_attempt_at, Some(T0 + 60));
 
     // Not due yet: waking early calls nothing.
@@ -295,10 +297,7 @@ fn confirm_unknown_result_is_retried_with_backoff_then_stalls() {
             .unwrap()
             .contains("exhausted 3 attempts")
     );
-    assert_eq!(
-        t3.effects,
-        vec![Effect::Persist, Effect::Done(Status::Stalled)]
-    );
+    assert_eq!(effects(&t3), (true, Next::Done(Status::Stalled)));
     assert_eq!(t3.tx.next_attempt_at, None);
 
     // Stalled: nothing is called, whatever wakes it.
@@ -370,7 +369,7 @@ fn repeated_and_late_answers_change_nothing() {
     let tx = run(&tcc(&["a", "b"]), &[Event::Submit], T0).tx;
     let once = run(&tx, &[ok("a", Action::Confirm)], T0 + 1).tx;
     let twice = run(&once, &[ok("a", Action::Confirm)], T0 + 2);
-    assert!(!twice.persists());
+    assert!(!twice.persist);
     // A late failure after the success does not undo it.
     let late = run(
         &once,
@@ -381,7 +380,7 @@ fn repeated_and_late_answers_change_nothing() {
         )],
         T0 + 3,
     );
-    assert!(!late.persists());
+    assert!(!late.persist);
     assert_eq!(
         late.tx.branch(&key("a", Action::Confirm)).unwrap().status,
         BranchStatus::Succeeded
@@ -508,7 +507,7 @@ fn saga_failure_compensates_the_failed_step_and_earlier_ones_in_reverse() {
         T0 + 2,
     );
     assert_eq!(t.tx.status, Status::Aborting);
-    assert_eq!(t.effects[0], Effect::Persist);
+    assert!(t.persist);
     assert!(t.tx.reason.as_deref().unwrap().contains("03/action failed"));
     // Step 4 never ran: its compensation is skipped.
     assert_eq!(
@@ -663,7 +662,7 @@ fn saga_cannot_be_aborted_by_the_client() {
         Err(CoreError::IllegalTransition { .. })
     ));
     // Submit of a saga is a repeat of its creation.
-    assert!(!run(&saga(1), &[Event::Submit], T0).persists());
+    assert!(!run(&saga(1), &[Event::Submit], T0).persist);
 }
 
 // ---- Msg -------------------------------------------------------------------------------
@@ -710,18 +709,15 @@ fn msg_abort_fails_it_without_calls() {
         T0,
     );
     assert_eq!(t.tx.status, Status::Failed);
-    assert_eq!(
-        t.effects,
-        vec![Effect::Persist, Effect::Done(Status::Failed)]
-    );
+    assert_eq!(effects(&t), (true, Next::Done(Status::Failed)));
 }
 
 #[test]
 fn msg_timeout_checks_back_and_follows_the_answer() {
     let tx = msg(1_000);
     assert_eq!(
-        run(&tx, &[Event::Wake], T0 + 999).effects,
-        vec![Effect::WakeAt(T0 + 1_000)]
+        effects(&run(&tx, &[Event::Wake], T0 + 999)),
+        (false, Next::WakeAt(T0 + 1_000))
     );
     let t = run(&tx, &[Event::Wake], T0 + 1_000);
     assert_eq!(t.tx.status, Status::Prepared);
@@ -752,10 +748,7 @@ fn msg_timeout_checks_back_and_follows_the_answer() {
         T0 + 1_001,
     );
     assert_eq!(unsure.tx.status, Status::Prepared);
-    assert_eq!(
-        unsure.effects,
-        vec![Effect::Persist, Effect::WakeAt(T0 + 1_051)]
-    );
+    assert_eq!(effects(&unsure), (true, Next::WakeAt(T0 + 1_051)));
 }
 
 // ---- Operator --------------------------------------------------------------------------
@@ -786,7 +779,7 @@ fn force_stop_fails_any_unfinished_transaction() {
                 }],
                 T0 + 2
             )
-            .persists()
+            .persist
         );
     }
     let done = run(&tcc(&[]), &[Event::Submit], T0).tx;
@@ -818,7 +811,7 @@ fn terminal_transactions_accept_no_new_work() {
     assert!(apply(&done, &Event::Abort { reason: "x".into() }, Ctx::at(T0)).is_err());
     assert!(apply(&done, &Event::Retry, Ctx::at(T0)).is_err());
     let wake = run(&done, &[Event::Wake], T0 + 1);
-    assert_eq!(wake.effects, vec![Effect::Done(Status::Succeeded)]);
+    assert_eq!(effects(&wake), (false, Next::Done(Status::Succeeded)));
 }
 
 #[test]

@@ -334,58 +334,57 @@ impl Driver {
                 "no end after {} events",
                 EVENT_BOUND
             );
-            if t.persists() {
+            if t.persist {
                 if self.maybe_crash() {
                     t = self.resume()?;
                     continue;
                 }
                 self.store(&t)?;
             }
-            let calls: Vec<BranchKey> = t.calls().cloned().collect();
+            let calls = match &t.next {
+                Next::Call(calls) => calls.clone(),
+                Next::WakeAt(at) => {
+                    let at = *at;
+                    prop_assert!(at > self.now - 1, "wake-up in the past");
+                    self.now = at.max(self.now + 1);
+                    let ctx = self.ctx();
+                    t = apply(&self.stored, &Event::Wake, ctx).expect("a wake-up is always legal");
+                    continue;
+                }
+                Next::Done(_) => return Ok(t),
+            };
+            prop_assert!(!calls.is_empty(), "a round with no calls");
             // Planned from a stored state: due, whether or not a crash stops them now.
             for key in &calls {
                 if key.action == Action::Action && self.stored.kind == Kind::Saga {
                     self.world.made_due.insert(key.branch_id.clone());
                 }
             }
-            if !calls.is_empty() {
-                if self.maybe_crash() {
-                    // Crashed after storing, before sending anything.
-                    t = self.resume()?;
-                    continue;
-                }
-                let mut events = Vec::new();
-                for key in &calls {
-                    let outcome = self.answer(key);
-                    self.count_call(key, &outcome)?;
-                    let event = Event::Outcome {
-                        key: key.clone(),
-                        outcome,
-                    };
-                    if self.rng.random_bool(0.1) {
-                        events.push(event.clone());
-                    }
-                    events.push(event);
-                }
-                if self.maybe_crash() {
-                    // The calls went out; their answers are lost.
-                    t = self.resume()?;
-                    continue;
-                }
-                self.now += 1;
-                t = self.apply_in_random_groups(events)?;
+            if self.maybe_crash() {
+                // Crashed after storing, before sending anything.
+                t = self.resume()?;
                 continue;
             }
-            match t.effects.iter().find(|e| !matches!(e, Effect::Persist)) {
-                Some(Effect::WakeAt(at)) => {
-                    prop_assert!(*at > self.now - 1, "wake-up in the past");
-                    self.now = (*at).max(self.now + 1);
-                    let ctx = self.ctx();
-                    t = apply(&self.stored, &Event::Wake, ctx).expect("a wake-up is always legal");
+            let mut events = Vec::new();
+            for key in &calls {
+                let outcome = self.answer(key);
+                self.count_call(key, &outcome)?;
+                let event = Event::Outcome {
+                    key: key.clone(),
+                    outcome,
+                };
+                if self.rng.random_bool(0.1) {
+                    events.push(event.clone());
                 }
-                Some(Effect::Done(_)) => return Ok(t),
-                other => prop_assert!(false, "unexpected effects {:?}", other),
+                events.push(event);
             }
+            if self.maybe_crash() {
+                // The calls went out; their answers are lost.
+                t = self.resume()?;
+                continue;
+            }
+            self.now += 1;
+            t = self.apply_in_random_groups(events)?;
         }
     }
 
@@ -412,7 +411,7 @@ impl Driver {
                     unreachable!()
                 }
             };
-            if next.persists() {
+            if next.persist {
                 self.store(&next)?;
             }
             t = Some(next);
@@ -491,7 +490,7 @@ impl Driver {
             end.status,
             self.events
         );
-        prop_assert!(matches!(t.effects.last(), Some(Effect::Done(_))));
+        prop_assert!(matches!(t.next, Next::Done(_)));
         self.check_protocol(&end)?;
         Ok(std::mem::take(&mut self.world.paths))
     }
@@ -508,7 +507,7 @@ impl Driver {
                 let outcome = self.answer(&key);
                 let event = Event::Outcome { key, outcome };
                 if let Some(t) = self.request(event)?
-                    && t.persists()
+                    && t.persist
                 {
                     self.store(&t)?;
                 }
