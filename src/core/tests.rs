@@ -65,6 +65,18 @@ fn saga(n: usize) -> Transaction {
     Transaction::saga("s1", steps, opts(), T0)
 }
 
+/// A saga of `n` steps under `options` (a timeout, orders), with plain URLs.
+fn saga_with(options: TxOptions, n: usize) -> Transaction {
+    let steps = (0..n)
+        .map(|i| SagaStep {
+            action: format!("http://p/{i}/a"),
+            compensate: format!("http://p/{i}/c"),
+            payload: String::new(),
+        })
+        .collect();
+    Transaction::saga("s", steps, options, T0)
+}
+
 fn outcome(branch_id: &str, action: Action, outcome: CallOutcome) -> Event {
     Event::Outcome {
         key: key(branch_id, action),

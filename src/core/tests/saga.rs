@@ -97,14 +97,7 @@ fn compensation_is_retried_then_stalls_and_never_gives_up_silently() {
 fn saga_timeout_aborts_and_compensates_what_may_have_run() {
     let mut options = opts();
     options.timeout_ms = Some(1_000);
-    let steps = (0..3)
-        .map(|i| SagaStep {
-            action: format!("http://p/{i}/a"),
-            compensate: format!("http://p/{i}/c"),
-            payload: String::new(),
-        })
-        .collect();
-    let tx = Transaction::saga("s", steps, options, T0);
+    let tx = saga_with(options, 3);
     let t = run(&tx, &[ok("01", Action::Action)], T0 + 10);
     // Step 02 is due but stuck; the deadline passes.
     let t = run(&t.tx, &[Event::Wake], T0 + 1_000);
@@ -123,14 +116,7 @@ fn concurrent_saga_follows_orders_forward_and_backward() {
     let mut options = opts();
     options.concurrent = true;
     options.orders.insert(2, vec![0, 1]);
-    let steps = (0..3)
-        .map(|i| SagaStep {
-            action: format!("http://p/{i}/a"),
-            compensate: format!("http://p/{i}/c"),
-            payload: String::new(),
-        })
-        .collect();
-    let tx = Transaction::saga("s", steps, options, T0);
+    let tx = saga_with(options, 3);
     let t = run(&tx, &[Event::Wake], T0);
     assert_eq!(calls(&t), ["01/action", "02/action"]);
     let t = run(
@@ -161,14 +147,7 @@ fn concurrent_saga_follows_orders_forward_and_backward() {
 fn concurrent_saga_records_a_sibling_success_that_arrives_after_the_failure() {
     let mut options = opts();
     options.concurrent = true;
-    let steps = (0..2)
-        .map(|i| SagaStep {
-            action: format!("http://p/{i}/a"),
-            compensate: format!("http://p/{i}/c"),
-            payload: String::new(),
-        })
-        .collect();
-    let tx = Transaction::saga("s", steps, options, T0);
+    let tx = saga_with(options, 2);
     let t = run(
         &tx,
         &[
