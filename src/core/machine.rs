@@ -15,10 +15,10 @@
 //! | kind      | status     | event                                    | next status          | effects                                   |
 //! |-----------|------------|------------------------------------------|----------------------|-------------------------------------------|
 //! | tcc       | prepared   | `register` (not an event)                | prepared             | the new branches are inserted             |
-//! | tcc       | prepared   | a Try's answer                           | prepared             | store, wake at the timeout                |
-//! | tcc       | prepared   | submit, every Try succeeded              | committing           | store, call every Confirm                 |
+//! | tcc       | prepared   | a Try's answer before the timeout        | prepared             | store, wake at the timeout                |
+//! | tcc       | prepared   | submit, every Try succeeded              | committing (succeeded without branches) | store, call every Confirm (done) |
 //! | tcc       | prepared   | submit, a Try refused or unsettled       | (error)              | none                                      |
-//! | tcc       | prepared   | abort, or wake after the timeout         | aborting             | store, call every Cancel                  |
+//! | tcc       | prepared   | abort; wake or a Try's answer after the timeout | aborting      | store, call every Cancel                  |
 //! | tcc, msg  | prepared   | wake before the timeout                  | prepared             | wake at the timeout                       |
 //! | tcc, msg  | prepared   | submit after the timeout                 | (error)              | none                                      |
 //! | msg       | prepared   | submit                                   | committing           | store, call every action                  |
@@ -35,11 +35,12 @@
 //! | tcc, msg  | committing | last Confirm/action succeeded            | succeeded            | store, done                               |
 //! | tcc, saga | aborting   | a Cancel/compensation done, not the last | aborting             | store, call or wake at what is left       |
 //! | tcc, saga | aborting   | last Cancel/compensation done            | failed               | store, done                               |
+//! | tcc       | aborting   | a late Try's answer                      | aborting             | store (recorded only), call or wake at what is left |
 //! | any       | running, committing, aborting, msg prepared | a retryable miss (unknown, a 409 from a must-succeed call, in progress) | unchanged | store, wake at its next attempt (or call what else is due) |
 //! | any       | committing, aborting, msg prepared | a must-succeed call (or the back-check) out of attempts, or in progress past its cap | stalled | store, done |
 //! | any       | not final  | stall (progress cannot be stored)        | stalled              | store, done                               |
 //! | any       | stalled    | retry                                    | the status it stalled in | store, call every pending operation, the stalled ones with fresh attempts |
-//! | any       | running, committing, aborting | retry                 | unchanged            | store, call every pending operation now   |
+//! | any       | running, committing, aborting | retry                 | unchanged            | store, call what is pending now           |
 //! | any       | not final  | force-stop                               | failed               | store, done                               |
 //! | any       | final, stalled | wake                                 | unchanged            | done                                      |
 //!
@@ -48,10 +49,10 @@
 //! without a timeout is done too where the table says "wake at the timeout".
 //!
 //! Repeats are harmless (no store, the same next step): submit of a committing/succeeded
-//! transaction or of a saga, abort of an aborting/failed one, stall of a stalled one,
-//! force-stop of a failed one, and a second answer for a branch that already has its final
-//! answer (or is stalled, or whose transaction is final). Anything else that the table does
-//! not list is an error.
+//! transaction (or one stalled while committing) or of a saga, abort of an aborting/failed
+//! one (or one stalled while aborting), stall of a stalled one, force-stop of a failed one,
+//! and a second answer for a branch that already has its final answer (or is stalled, or
+//! whose transaction is final). Anything else that the table does not list is an error.
 
 use super::answers::{CallOutcome, record_outcome};
 use super::effects::Transition;

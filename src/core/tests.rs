@@ -1,8 +1,8 @@
 //! Transition tests: every row of the table in `machine.rs`, plus repeats and
 //! out-of-order events. The fixtures they share are here; the tests, by topic, are in
 //! `tests/`: `tcc`, `saga`, `msg`, `answers` (retries, in progress, late and repeated
-//! answers), `operator`, `rounds` (order and grouping of a round's answers) and `model`
-//! (the model-based test).
+//! answers), `operator`, `table` (rows no other test reaches), `rounds` (order and
+//! grouping of a round's answers) and `model` (the model-based test).
 
 use super::*;
 
@@ -126,4 +126,5 @@ mod msg;
 mod operator;
 mod rounds;
 mod saga;
+mod table;
 mod tcc;
