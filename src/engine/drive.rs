@@ -1,4 +1,5 @@
-//! Driving a transaction: rounds of calls, stored before the calls they make due; leases.
+//! Driving a transaction: each transition performed in its order (store, then call, wait
+//! or stop), so a round is stored before the calls it makes due; leases.
 
 use std::sync::Arc;
 
@@ -49,13 +50,16 @@ impl Engine {
         self.driving.lock().expect("poisoned").contains_key(gid)
     }
 
+    /// Performs `t` and every transition that follows from it, each in the one order a
+    /// transition has: store its state if it changed, then its next step (a round of
+    /// calls, a wait, or the end), until there is nothing more to do here.
     pub(super) async fn drive(&self, mut stored: StoredTx, mut lease: Lease, mut t: Transition) {
         let gid = stored.tx.gid.clone();
         let mut current = stored.tx.clone();
         let mut attempts: Vec<AttemptRecord> = Vec::new();
         let mut after_round = false;
         loop {
-            if t.persists() {
+            if t.persist {
                 let decision = is_decision(&current, &t.tx);
                 if decision {
                     self.observer.point(Point::BeforeDecisionStored, &gid);
@@ -109,82 +113,103 @@ impl Engine {
                     None => return,
                 }
             }
-            let calls: Vec<BranchKey> = t.calls().cloned().collect();
-            if !calls.is_empty() {
-                if self.stopping.is_cancelled() {
-                    self.release(&gid, &lease.token).await;
-                    return;
+            let followed = match &t.next {
+                Next::Call(calls) => {
+                    let round = self
+                        .call_round(&mut stored, &current, lease, calls, &mut attempts)
+                        .await;
+                    after_round = true;
+                    round
                 }
-                let Some((slots, renewed)) =
-                    self.call_slots(&gid, lease, &current, calls.len()).await
-                else {
-                    return;
-                };
-                lease = renewed;
-                let answers = self.round(&current, &calls, slots.num_permits()).await;
-                drop(slots);
-                self.observer.point(Point::AfterCallsBeforeRecord, &gid);
-                after_round = true;
-                let mut events = Vec::with_capacity(answers.len());
-                for (key, result, started_at) in answers {
-                    if result.outcome != core::CallOutcome::Success {
-                        let attempt = current.branch(&key).map_or(1, |b| b.attempts + 1);
-                        attempts.push(AttemptRecord {
-                            branch_id: key.branch_id.clone(),
-                            action: key.action,
-                            attempt,
-                            started_at,
-                            duration_ms: result.duration.as_millis() as i64,
-                            outcome: result.outcome.label().to_owned(),
-                            detail: result.outcome.detail().map(str::to_owned),
-                        });
-                    }
-                    events.push(Event::Outcome {
-                        key,
-                        outcome: result.outcome,
-                    });
-                }
-                t = match core::apply_all(&current, &events, self.ctx()) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        // A bug, not a condition: recovery would meet it again and again.
-                        let reason = format!("the answers of a round do not fit the state: {e}");
-                        self.stall(&current, &mut stored, &lease, reason).await;
-                        return;
-                    }
-                };
-                continue;
+                Next::WakeAt(at) => self.wait_until(&current, lease, *at).await,
+                Next::Done(_) => return,
+            };
+            let Some((next, renewed)) = followed else {
+                return;
+            };
+            t = next;
+            lease = renewed;
+        }
+    }
+
+    /// One round: waits for call slots, sends `calls` concurrently and applies all their
+    /// answers at once; the misses go to `attempts`, to be stored with the round's state.
+    /// `None`: the driver stops (shutting down, lease lost, or stalled).
+    async fn call_round(
+        &self,
+        stored: &mut StoredTx,
+        current: &Transaction,
+        lease: Lease,
+        calls: &[BranchKey],
+        attempts: &mut Vec<AttemptRecord>,
+    ) -> Option<(Transition, Lease)> {
+        let gid = current.gid.as_str();
+        if self.stopping.is_cancelled() {
+            self.release(gid, &lease.token).await;
+            return None;
+        }
+        let (slots, lease) = self.call_slots(gid, lease, current, calls.len()).await?;
+        let answers = self.round(current, calls, slots.num_permits()).await;
+        drop(slots);
+        self.observer.point(Point::AfterCallsBeforeRecord, gid);
+        let mut events = Vec::with_capacity(answers.len());
+        for (key, result, started_at) in answers {
+            if result.outcome != core::CallOutcome::Success {
+                let attempt = current.branch(&key).map_or(1, |b| b.attempts + 1);
+                attempts.push(AttemptRecord {
+                    branch_id: key.branch_id.clone(),
+                    action: key.action,
+                    attempt,
+                    started_at,
+                    duration_ms: result.duration.as_millis() as i64,
+                    outcome: result.outcome.label().to_owned(),
+                    detail: result.outcome.detail().map(str::to_owned),
+                });
             }
-            match t.effects.iter().find(|e| !matches!(e, Effect::Persist)) {
-                Some(Effect::WakeAt(at)) => {
-                    let wait = at - self.clock.now();
-                    if wait > self.config.hold_ms || self.stopping.is_cancelled() {
-                        // Hand the row back: the lease lapses now and the recovery loop of
-                        // any coordinator picks it up when it is due.
-                        self.release(&gid, &lease.token).await;
-                        return;
-                    }
-                    let Some(renewed) = self.cover(&gid, &lease, wait.max(0)).await else {
-                        return;
-                    };
-                    lease = renewed;
-                    if wait > 0 {
-                        tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_millis(wait as u64)) => {}
-                            _ = self.stopping.cancelled() => {
-                                self.release(&gid, &lease.token).await;
-                                return;
-                            }
-                        }
-                    }
-                    t = match core::apply(&current, &Event::Wake, self.ctx()) {
-                        Ok(t) => t,
-                        Err(_) => return,
-                    };
-                }
-                _ => return,
+            events.push(Event::Outcome {
+                key,
+                outcome: result.outcome,
+            });
+        }
+        match core::apply_all(current, &events, self.ctx()) {
+            Ok(t) => Some((t, lease)),
+            Err(e) => {
+                // A bug, not a condition: recovery would meet it again and again.
+                let reason = format!("the answers of a round do not fit the state: {e}");
+                self.stall(current, stored, &lease, reason).await;
+                None
             }
         }
+    }
+
+    /// Sleeps until `at` under the lease, then wakes the transaction up. A longer wait than
+    /// the hold, or a stop, hands the row back instead: the lease lapses now and the
+    /// recovery loop of any coordinator picks it up when it is due. `None`: the driver
+    /// stops.
+    async fn wait_until(
+        &self,
+        current: &Transaction,
+        lease: Lease,
+        at: Millis,
+    ) -> Option<(Transition, Lease)> {
+        let gid = current.gid.as_str();
+        let wait = at - self.clock.now();
+        if wait > self.config.hold_ms || self.stopping.is_cancelled() {
+            self.release(gid, &lease.token).await;
+            return None;
+        }
+        let lease = self.cover(gid, &lease, wait.max(0)).await?;
+        if wait > 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(wait as u64)) => {}
+                _ = self.stopping.cancelled() => {
+                    self.release(gid, &lease.token).await;
+                    return None;
+                }
+            }
+        }
+        let t = core::apply(current, &Event::Wake, self.ctx()).ok()?;
+        Some((t, lease))
     }
 
     /// Stalls a transaction this driver owns, with the reason, after a failure that
@@ -233,11 +258,11 @@ impl Engine {
     /// The lease to write with a new state: none once there is nothing more to do here,
     /// otherwise long enough to cover the next wait.
     pub(super) fn lease_for(&self, t: &Transition, now: Millis, token: &str) -> Option<Lease> {
-        let until = match t.effects.iter().find(|e| !matches!(e, Effect::Persist)) {
-            Some(Effect::Done(_)) | None => return None,
-            Some(Effect::WakeAt(at)) if at - now > self.config.hold_ms => return None,
-            Some(Effect::WakeAt(at)) => *at.max(&now) + self.config.lease_ms,
-            Some(_) => now + self.config.lease_ms,
+        let until = match &t.next {
+            Next::Done(_) => return None,
+            Next::WakeAt(at) if at - now > self.config.hold_ms => return None,
+            Next::WakeAt(at) => *at.max(&now) + self.config.lease_ms,
+            Next::Call(_) => now + self.config.lease_ms,
         };
         Some(Lease {
             token: token.to_owned(),

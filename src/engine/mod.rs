@@ -1,4 +1,5 @@
-//! The engine: drives global transactions by performing the core's effects.
+//! The engine: drives global transactions by performing the core's transitions (store the
+//! new state, then call, wait or stop).
 //!
 //! A transaction is driven by at most one coordinator at a time: the one whose owner token
 //! is on the row and whose lease has not expired. Client requests (submit, abort, retry,
@@ -29,7 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::canonical::request_hash;
 use crate::core::{
-    self, Action, Branch, BranchKey, CoreError, Ctx, Effect, Event, Kind, Millis, SagaStep, Status,
+    self, Action, Branch, BranchKey, CoreError, Ctx, Event, Kind, Millis, Next, SagaStep, Status,
     Transaction, Transition, TxOptions,
 };
 use crate::store::{

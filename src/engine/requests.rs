@@ -184,16 +184,16 @@ impl Engine {
             let applied = core::apply(&stored.tx, event, self.ctx());
             // Only the database may say "refused" or "nothing to do": another node may have
             // moved the transaction since this copy was made (stalled it, finished it).
-            if from_cache && applied.as_ref().map_or(true, |t| !t.persists()) {
+            if from_cache && applied.as_ref().map_or(true, |t| !t.persist) {
                 self.recent.remove(gid);
                 continue;
             }
             let t = applied.map_err(EngineError::InvalidState)?;
-            if !t.persists() {
+            if !t.persist {
                 return Ok((stored, false));
             }
             let now = self.clock.now();
-            let has_calls = t.calls().next().is_some();
+            let has_calls = !t.calls().is_empty();
             let lease = (take_over && has_calls && self.config.drive).then(|| self.new_lease(now));
             let keep_owner = stored
                 .owner_token
@@ -239,15 +239,12 @@ impl Engine {
             };
             self.recent.put(result.clone());
             if let Some(lease) = lease {
-                let effects = Transition {
-                    tx: t.tx.clone(),
-                    effects: t
-                        .effects
-                        .into_iter()
-                        .filter(|e| *e != Effect::Persist)
-                        .collect(),
+                // Stored above: the driver starts at the transition's next step.
+                let stored_already = Transition {
+                    persist: false,
+                    ..t
                 };
-                Arc::clone(self).start(result.clone(), lease, effects);
+                Arc::clone(self).start(result.clone(), lease, stored_already);
             } else if t.tx.status.is_terminal() || t.tx.status == Status::Stalled {
                 self.notify(gid);
             }

@@ -32,7 +32,7 @@ fn drive(
     let mut t = run(&tx, &[Event::Wake], now);
     for _ in 0..200 {
         tx = t.tx.clone();
-        let due: Vec<BranchKey> = t.calls().cloned().collect();
+        let due: Vec<BranchKey> = t.calls().to_vec();
         if !due.is_empty() {
             calls_made += due.len();
             let events = due
@@ -49,9 +49,9 @@ fn drive(
             t = run(&tx, &[Event::Wake], now);
             continue;
         }
-        match t.effects.iter().find(|e| !matches!(e, Effect::Persist)) {
-            Some(Effect::WakeAt(at)) => {
-                now = (*at).max(now + 1);
+        match t.next {
+            Next::WakeAt(at) => {
+                now = at.max(now + 1);
                 t = run(&tx, &[Event::Wake], now);
             }
             _ => return (t.tx, calls_made),
@@ -176,10 +176,7 @@ fn a_late_or_repeated_answer_for_a_stalled_call_is_ignored() {
     assert_eq!(end.status, Status::Stalled);
     for again in [unknown("a", Action::Confirm), ok("a", Action::Confirm)] {
         let t = run(&end, &[again], T0 + 60_000);
-        assert!(
-            !t.persists(),
-            "a stalled call takes no answer until the retry"
-        );
+        assert!(!t.persist, "a stalled call takes no answer until the retry");
     }
 }
 
@@ -273,7 +270,7 @@ fn a_msg_without_back_check_fails_at_its_timeout_and_stops_waking() {
     let mut tx = msg(2_000);
     tx.branches.retain(|b| b.action != Action::QueryPrepared);
     let t = run(&tx, &[Event::Wake], T0 + 1_999);
-    assert_eq!(t.effects, [Effect::WakeAt(T0 + 2_000)]);
+    assert_eq!(effects(&t), (false, Next::WakeAt(T0 + 2_000)));
     let t = run(&tx, &[Event::Wake], T0 + 2_000);
     assert_eq!(t.tx.status, Status::Failed);
     assert!(
@@ -282,11 +279,11 @@ fn a_msg_without_back_check_fails_at_its_timeout_and_stops_waking() {
             .unwrap()
             .contains("no query_prepared")
     );
-    assert_eq!(t.effects, [Effect::Persist, Effect::Done(Status::Failed)]);
+    assert_eq!(effects(&t), (true, Next::Done(Status::Failed)));
     assert_eq!(t.tx.next_attempt_at, None);
     // Nothing is written again.
     let again = run(&t.tx, &[Event::Wake], T0 + 60_000);
-    assert!(!again.persists());
+    assert!(!again.persist);
 }
 
 #[test]
