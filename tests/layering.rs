@@ -71,8 +71,8 @@ fn the_coordinator_links_no_lab_no_demo_and_no_test_support() {
 }
 
 #[test]
-fn the_sdk_and_the_demo_do_not_depend_on_the_coordinator() {
-    for package in ["idem-participant", "idem-demo"] {
+fn the_sdk_the_demo_and_the_client_do_not_depend_on_the_coordinator() {
+    for package in ["idem-participant", "idem-demo", "idem-client"] {
         let tree = normal_tree(package);
         let names = names(&tree);
         for forbidden in ["idem", "idem-lab"] {

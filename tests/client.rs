@@ -1,0 +1,170 @@
+//! The typed client (`idem-client`) against a real coordinator and participants over
+//! HTTP, on SQLite, PostgreSQL and MariaDB: every kind of transaction, its views parsed,
+//! the API's codes in its errors, and its retries with the same gid absorbed.
+
+mod common;
+
+use std::time::Duration;
+
+use common::recorder::Recorder;
+use idem_client::{Action, BranchStatus, Client, Error, Kind, ListQuery, Status};
+use serde_json::json;
+
+async fn each_backend<F, Fut>(test: &str, body: F)
+where
+    F: Fn(Client, Recorder) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for db in idem_participant::testing::all(test).await {
+        let server = common::coordinator(&db.url).await;
+        let participant = Recorder::start().await;
+        body(Client::new(&server.url()).unwrap(), participant).await;
+        server.stop().await.unwrap();
+        db.drop_database().await;
+    }
+}
+
+#[tokio::test]
+async fn sagas_tccs_and_messages_through_the_typed_client() {
+    each_backend("client_kinds", |idem, p| async move {
+        let saga = idem
+            .saga("c-saga")
+            .step(p.url("/a1"), p.url("/c1"), json!({"n": 1}))
+            .step(p.url("/a2"), p.url("/c2"), json!({"n": 2}))
+            .wait_result(true)
+            .create()
+            .await
+            .unwrap();
+        assert_eq!((saga.kind, saga.status), (Kind::Saga, Status::Succeeded));
+        assert_eq!(saga.branches.len(), 4);
+        let action = saga
+            .branches
+            .iter()
+            .find(|b| b.action == Action::Action && b.branch_id == "02")
+            .unwrap();
+        assert_eq!(action.status, BranchStatus::Succeeded);
+        assert_eq!(action.payload, r#"{"n":2}"#);
+
+        let tcc = idem.tcc("c-tcc").create().await.unwrap();
+        tcc.register_with_try(
+            "01",
+            &p.url("/try"),
+            &p.url("/confirm"),
+            &p.url("/cancel"),
+            json!({"sku": "apple"}),
+        )
+        .await
+        .unwrap();
+        let done = tcc.submit(true).await.unwrap();
+        assert_eq!(done.status, Status::Succeeded);
+        assert_eq!(p.count("c-tcc", "/confirm"), 1);
+
+        let msg = idem
+            .msg("c-msg")
+            .step(p.url("/deliver"), json!({"to": "x"}))
+            .query_prepared(p.url("/check"))
+            .prepare()
+            .await
+            .unwrap();
+        assert_eq!((msg.kind, msg.status), (Kind::Msg, Status::Prepared));
+        let sent = idem.submit("c-msg", true).await.unwrap();
+        assert_eq!(sent.status, Status::Succeeded);
+
+        let page = idem
+            .list(&ListQuery {
+                kind: Some(Kind::Tcc),
+                ..ListQuery::default()
+            })
+            .await
+            .unwrap();
+        let gids: Vec<&str> = page.transactions.iter().map(|t| t.gid.as_str()).collect();
+        assert_eq!(gids, ["c-tcc"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn errors_carry_the_apis_codes_and_operator_actions_return_views() {
+    each_backend("client_errors", |idem, p| async move {
+        idem.saga("c-one")
+            .step(p.url("/a"), p.url("/c"), json!({}))
+            .wait_result(true)
+            .create()
+            .await
+            .unwrap();
+        // The same gid with another request.
+        let err = idem
+            .saga("c-one")
+            .step(p.url("/other"), p.url("/c"), json!({}))
+            .create()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Api { status: 409, code, .. } if code == "gid_conflict"),
+            "{err:?}"
+        );
+        assert!(!err.may_succeed_on_retry());
+        let err = idem.get("c-none").await.unwrap_err();
+        assert_eq!(err.code(), Some("not_found"));
+
+        // A compensation that keeps failing stalls the saga; the operator's retry after
+        // the participant healed ends it.
+        p.answer("/fail", None, 1_000, 409);
+        p.answer("/undo", None, 1_000, 500);
+        let stalled = idem
+            .saga("c-stall")
+            .step(p.url("/ok"), p.url("/undo"), json!({}))
+            .step(p.url("/fail"), p.url("/undo2"), json!({}))
+            .wait_result(true)
+            .create()
+            .await
+            .unwrap();
+        assert_eq!(stalled.status, Status::Stalled, "{stalled:?}");
+        let shown = idem.get("c-stall").await.unwrap();
+        assert!(
+            shown.history.as_ref().is_some_and(|h| h.len() >= 5),
+            "every failed call is in the history: {shown:?}"
+        );
+        p.heal();
+        idem.retry("c-stall").await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = idem.get("c-stall").await.unwrap();
+            if now.status == Status::Failed {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{now:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+/// Clients that all time out and resend the same saga at once: the coordinator runs it
+/// once and every client gets the same transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_repeats_of_one_create_run_it_once() {
+    each_backend("client_repeats", |idem, p| async move {
+        let sends = (0..8).map(|_| {
+            idem.saga("c-race")
+                .step(p.url("/a"), p.url("/c"), json!({"n": 1}))
+                .wait_result(true)
+                .create()
+        });
+        let views = futures::future::join_all(sends).await;
+        for view in &views {
+            let view = view.as_ref().unwrap();
+            assert_eq!(
+                (view.gid.as_str(), view.status),
+                ("c-race", Status::Succeeded)
+            );
+        }
+        assert_eq!(
+            p.count("c-race", "/a"),
+            1,
+            "one action call: {:?}",
+            p.paths("c-race")
+        );
+    })
+    .await;
+}
