@@ -553,13 +553,7 @@ async fn query(
         .filter(|g| !g.is_empty())
         .ok_or_else(|| ApiError::bad_request("missing_gid", "no gid specified"))?;
     check_id("gid", "invalid_gid", &gid)?;
-    let Some(stored) = app
-        .engine
-        .store()
-        .load(&gid)
-        .await
-        .map_err(EngineError::from)?
-    else {
+    let Some(stored) = app.engine.find(&gid).await? else {
         return Ok(DtmResponse(
             StatusCode::OK,
             json!({"transaction": null, "branches": []}),
@@ -627,12 +621,7 @@ async fn all(
         after,
         limit: p.limit.unwrap_or(100).clamp(1, 1_000),
     };
-    let page = app
-        .engine
-        .store()
-        .list(&filter)
-        .await
-        .map_err(EngineError::from)?;
+    let page = app.engine.list(&filter).await?;
     let transactions: Vec<Value> = page.items.iter().map(global_view).collect();
     let next = page
         .next

@@ -470,12 +470,7 @@ async fn show(
 ) -> Result<Json<TxView>, ApiError> {
     check_id("gid", "invalid_gid", &gid)?;
     let stored = app.engine.load(&gid).await?;
-    let history = app
-        .engine
-        .store()
-        .attempts(&gid)
-        .await
-        .map_err(crate::engine::EngineError::from)?;
+    let history = app.engine.history(&gid).await?;
     Ok(Json(TxView::new(&stored, Some(history))))
 }
 
@@ -521,12 +516,7 @@ async fn list(
         after,
         limit,
     };
-    let page = app
-        .engine
-        .store()
-        .list(&filter)
-        .await
-        .map_err(crate::engine::EngineError::from)?;
+    let page = app.engine.list(&filter).await?;
     Ok(Json(page_view(&page)))
 }
 
