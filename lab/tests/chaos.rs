@@ -11,10 +11,10 @@ mod private_postgres;
 
 use std::path::PathBuf;
 
+use private_postgres::PrivatePostgres;
 use idem::core::Status;
 use idem_lab::scenario::{self, ChaosConfig, RunConfig};
 use idem_participant::testing::{Backend, TestDatabase};
-use private_postgres::PrivatePostgres;
 use sqlx::Connection;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -818,7 +818,8 @@ async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResult, Error> 
         .build()?;
     let dbs = Databases::create(&config.backend).await?;
     let store =
-        idem::server::open_store(&dbs.coordinator, &idem::store::ConnectOptions::default()).await?;
+        idem::server::open_store(&dbs.coordinator, &idem::store::ConnectOptions::default())
+            .await?;
     let gate = Arc::new(Gate::default());
     let recovery = config.workload == Workload::Recovery;
     gate.held

@@ -317,7 +317,8 @@ pub(super) async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         }
     }
     let store =
-        idem::server::open_store(&dbs.coordinator, &idem::store::ConnectOptions::default()).await?;
+        idem::server::open_store(&dbs.coordinator, &idem::store::ConnectOptions::default())
+            .await?;
     figures.left_unfinished = store.count(&ACTIVE).await?;
     figures.stalled = store.count(&[Status::Stalled]).await?;
     drop(store);

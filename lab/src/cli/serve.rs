@@ -25,12 +25,7 @@ pub struct LabServeArgs {
 }
 
 pub(super) async fn serve(args: LabServeArgs) -> Result<(), BoxError> {
-    let plan = args
-        .fault_plan
-        .as_deref()
-        .map(read_plan)
-        .transpose()?
-        .map(Arc::new);
+    let plan = args.fault_plan.as_deref().map(read_plan).transpose()?.map(Arc::new);
     let record = args.record;
     idem::cli::serve::run_with(args.serve, |config| async move {
         let node = config.engine.node.clone();
@@ -45,11 +40,7 @@ pub(super) async fn serve(args: LabServeArgs) -> Result<(), BoxError> {
         let mut transport: Arc<dyn Transport> =
             Arc::new(HttpTransport::with_answer_limit(config.max_answer_bytes)?);
         if let Some(plan) = &plan {
-            observers.push(Arc::new(CrashOnPlan::new(
-                Arc::clone(plan),
-                &node,
-                timeline,
-            )));
+            observers.push(Arc::new(CrashOnPlan::new(Arc::clone(plan), &node, timeline)));
             transport = Arc::new(FaultyTransport::new(transport, Arc::clone(plan)));
         }
         idem::server::start_with(config, transport, observers).await

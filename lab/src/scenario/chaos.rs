@@ -11,8 +11,8 @@ use rand::{RngExt, SeedableRng};
 use serde_json::json;
 
 use super::{Expect, Order, OrderBranch, Outage, Participant, RetryOptions, Scenario, Settings};
-use crate::faults::{Fault, FaultPlan, FaultRule, Match, Side};
 use idem::core::Kind;
+use crate::faults::{Fault, FaultPlan, FaultRule, Match, Side};
 
 /// The size and shape of a chaos run.
 #[derive(Clone, Debug)]

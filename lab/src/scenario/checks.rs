@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 
 use super::{Error, Order, Participant, Participants, Report, Scenario};
-use crate::faults::TimelineEvent;
 use idem::core::{Kind, Status};
+use crate::faults::TimelineEvent;
 use idem_demo::{coupon, inventory, payment};
 
 /// Reads the participants' final state into the report and checks each order's ledger rows.

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::faults::{CallKey, FaultPlan, Timeline, TimelineEvent, fault_signature};
 use idem::core::{Kind, Status};
+use crate::faults::{CallKey, FaultPlan, Timeline, TimelineEvent, fault_signature};
 
 mod chaos;
 mod checks;

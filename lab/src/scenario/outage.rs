@@ -21,8 +21,8 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::{Participant, Report, Scenario};
-use crate::faults::glob;
 use idem::core::Millis;
+use crate::faults::glob;
 
 /// A participant down for some orders until the runner heals it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -235,9 +235,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use idem::core::{Kind, Status};
     use crate::faults::TimelineEvent;
     use crate::scenario::{Order, RetryOptions};
-    use idem::core::{Kind, Status};
 
     fn scenario() -> Scenario {
         let order = |gid: &str| Order {

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::{DbRestart, OutageHit};
-use crate::faults::{CallKey, Delivery, TimelineEvent, fault_signature};
 use idem::core::Status;
+use crate::faults::{CallKey, Delivery, TimelineEvent, fault_signature};
 
 /// What a run did and found.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
