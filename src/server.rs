@@ -147,7 +147,7 @@ pub async fn start_with(
     let task = tokio::spawn(http_server::serve(listener, app, config.http, async move {
         let _ = rx.await;
     }));
-    tracing::info!(%addr, database = engine.store().backend(), node = engine.config().node, "idem is serving");
+    tracing::info!(%addr, database = engine.database(), node = engine.config().node, "idem is serving");
     Ok(RunningServer {
         addr,
         engine,

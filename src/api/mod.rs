@@ -61,14 +61,14 @@ async fn live() -> Json<serde_json::Value> {
 
 /// The database answers within [`READY_TIMEOUT`]: this coordinator can serve requests.
 async fn ready(State(app): State<Arc<AppState>>) -> (StatusCode, Json<serde_json::Value>) {
-    let store = app.engine.store();
-    match store.ping(READY_TIMEOUT).await {
+    let engine = &app.engine;
+    match engine.ping_database(READY_TIMEOUT).await {
         Ok(()) => (
             StatusCode::OK,
             Json(json!({
                 "status": "ok",
-                "database": store.backend(),
-                "driving": app.engine.driving(),
+                "database": engine.database(),
+                "driving": engine.driving(),
             })),
         ),
         Err(e) => {
@@ -78,7 +78,7 @@ async fn ready(State(app): State<Arc<AppState>>) -> (StatusCode, Json<serde_json
                 StatusCode::SERVICE_UNAVAILABLE,
                 Json(json!({
                     "status": "unavailable",
-                    "database": store.backend(),
+                    "database": engine.database(),
                     "error": {"code": "unavailable", "message": message},
                 })),
             )

@@ -1,5 +1,5 @@
 //! What the API accepts: the limit on every text it stores, the range of every numeric
-//! option, and the checks that enforce them. Both front doors call these, so a value one
+//! option (the table in `options`), and the checks that enforce them. Both front doors call these, so a value one
 //! refuses the other refuses too, with the same code. Listed in `docs/api.md`, "Limits".
 //!
 //! The limits are the same on every database, so a request accepted on SQLite is accepted
@@ -12,10 +12,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
-use serde_json::{Number, Value};
+use serde_json::Value;
 
 use super::error::ApiError;
-use crate::core::{Millis, TxOptions};
+use crate::core::Millis;
 use crate::engine::EngineError;
 pub use crate::store::DEFAULT_MAX_BRANCHES;
 use crate::store::StoreError;
@@ -35,15 +35,6 @@ pub const MAX_CUSTOM_DATA_LEN: usize = 65_536;
 pub const MAX_HEADERS: usize = 32;
 pub const MAX_HEADER_NAME_LEN: usize = 128;
 pub const MAX_HEADER_VALUE_LEN: usize = 4_096;
-
-const DAY_MS: u64 = 86_400_000;
-/// Upper bounds of the numeric options, in idem's units (all start at 1).
-pub const MAX_REQUEST_TIMEOUT_MS: u64 = 600_000;
-pub const MAX_RETRY_INTERVAL_MS: u64 = 3_600_000;
-pub const MAX_MAX_RETRY_INTERVAL_MS: u64 = DAY_MS;
-pub const MAX_MAX_ATTEMPTS: u64 = 10_000;
-pub const MAX_TIMEOUT_MS: u64 = 30 * DAY_MS;
-pub const MAX_MAX_IN_PROGRESS_MS: u64 = 30 * DAY_MS;
 
 /// Headers a participant call gets from idem itself or that describe the connection or
 /// the body framing: set by a client they would contradict idem's or break every call.
@@ -236,93 +227,6 @@ pub fn registration_error(e: EngineError) -> ApiError {
     }
 }
 
-// ---- numeric options --------------------------------------------------------------------
-
-/// The unit a front door gives a numeric option in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unit {
-    Millis,
-    Seconds,
-    Count,
-}
-
-/// One numeric option as a request gave it. Kept as any JSON number, so that one beyond
-/// what a u64 holds (or a fraction, or a negative) is refused with the same code and
-/// message as one beyond idem's range.
-#[derive(Clone, Debug)]
-pub struct Given {
-    pub field: &'static str,
-    pub unit: Unit,
-    pub value: Number,
-}
-
-impl Given {
-    /// In idem's unit, if an integer within 1..=`max` (`max` in idem's unit too).
-    fn resolve(&self, max: u64) -> Result<u64, ApiError> {
-        let (factor, unit) = match self.unit {
-            Unit::Millis => (1, " ms"),
-            Unit::Seconds => (1_000, " seconds"),
-            Unit::Count => (1, ""),
-        };
-        self.value
-            .as_u64()
-            .and_then(|v| v.checked_mul(factor))
-            .filter(|v| (1..=max).contains(v))
-            .ok_or_else(|| {
-                ApiError::bad_request(
-                    "invalid_options",
-                    format!(
-                        "{} must be an integer from 1 to {}{unit} (got {})",
-                        self.field,
-                        max / factor,
-                        self.value
-                    ),
-                )
-            })
-    }
-}
-
-/// What a request changes in the server's default options, in whichever door's units.
-/// Only what the request gave is checked: an operator's default is not the client's
-/// mistake.
-#[derive(Clone, Debug, Default)]
-pub struct Overrides {
-    pub request_timeout: Option<Given>,
-    pub retry_interval: Option<Given>,
-    pub max_retry_interval: Option<Given>,
-    pub max_attempts: Option<Given>,
-    pub max_in_progress: Option<Given>,
-    pub timeout: Option<Given>,
-    pub branch_headers: BTreeMap<String, String>,
-}
-
-impl Overrides {
-    pub fn apply(self, mut options: TxOptions) -> Result<TxOptions, ApiError> {
-        let take = |given: Option<Given>, max| given.map(|g| g.resolve(max)).transpose();
-        if let Some(v) = take(self.request_timeout, MAX_REQUEST_TIMEOUT_MS)? {
-            options.request_timeout_ms = v;
-        }
-        if let Some(v) = take(self.retry_interval, MAX_RETRY_INTERVAL_MS)? {
-            options.retry_interval_ms = v;
-        }
-        if let Some(v) = take(self.max_retry_interval, MAX_MAX_RETRY_INTERVAL_MS)? {
-            options.max_retry_interval_ms = v;
-        }
-        if let Some(v) = take(self.max_attempts, MAX_MAX_ATTEMPTS)? {
-            options.max_attempts = u32::try_from(v).expect("bounded by MAX_MAX_ATTEMPTS");
-        }
-        if let Some(v) = take(self.max_in_progress, MAX_MAX_IN_PROGRESS_MS)? {
-            options.max_in_progress_ms = v;
-        }
-        if let Some(v) = take(self.timeout, MAX_TIMEOUT_MS)? {
-            options.timeout_ms = Some(v);
-        }
-        check_headers(&self.branch_headers)?;
-        options.branch_headers.extend(self.branch_headers);
-        Ok(options)
-    }
-}
-
 // ---- bodies, orders, cursors -----------------------------------------------------------
 
 /// Parses a JSON body into `T`, turning every way it can be wrong into a 4xx.
@@ -416,6 +320,9 @@ pub fn decode_cursor(field: &str, cursor: &str) -> Result<(Millis, String), ApiE
     check_id("gid", "invalid_query", gid).map_err(|_| bad())?;
     Ok((at.parse().map_err(|_| bad())?, gid.to_owned()))
 }
+
+mod options;
+pub use options::*;
 
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,7 @@
 mod clock;
 mod drive;
 mod identity;
+mod reads;
 mod recovery;
 mod requests;
 mod waiting;
@@ -266,6 +267,10 @@ impl Engine {
         Arc::new(engine)
     }
 
+    /// The store itself. Kept for `idem tx --database-url` (src/cli/tx/direct.rs), which
+    /// works on a database with no server running and still reads it directly; tests may
+    /// use it too. The HTTP API does not: it reads through [`Engine::load`],
+    /// [`Engine::find`], [`Engine::history`] and [`Engine::list`].
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }

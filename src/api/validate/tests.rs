@@ -1,4 +1,6 @@
 use super::*;
+use crate::core::TxOptions;
+use serde_json::Number;
 
 fn code(r: Result<(), ApiError>) -> Option<&'static str> {
     r.err().map(|e| e.code)
@@ -115,32 +117,29 @@ fn accepted_headers_are_ones_the_http_client_sends() {
     }
 }
 
-fn given(field: &'static str, unit: Unit, value: serde_json::Value) -> Option<Given> {
-    let value = serde_json::from_value(value).unwrap();
-    Some(Given { field, unit, value })
+fn number(value: serde_json::Value) -> Number {
+    serde_json::from_value(value).unwrap()
 }
 
 #[test]
 fn numeric_options_are_integers_in_range() {
     let base = TxOptions::default();
-    let timeout = |unit, v| {
+    let timeout = |given: Given| {
         Overrides {
-            timeout: given("timeout", unit, v),
+            given: vec![given],
             ..Overrides::default()
         }
         .apply(base.clone())
     };
-    let ms = |v| timeout(Unit::Millis, v).map(|o| o.timeout_ms);
+    let max_ms = TIMEOUT.max;
+    let ms = |v| timeout(Given::native(&TIMEOUT, number(v))).map(|o| o.timeout_ms);
     assert_eq!(ms(serde_json::json!(1)), Ok(Some(1)));
-    assert_eq!(
-        ms(serde_json::json!(MAX_TIMEOUT_MS)),
-        Ok(Some(MAX_TIMEOUT_MS))
-    );
+    assert_eq!(ms(serde_json::json!(max_ms)), Ok(Some(max_ms)));
     for bad in [
         serde_json::json!(0),
         serde_json::json!(-1),
         serde_json::json!(1.5),
-        serde_json::json!(MAX_TIMEOUT_MS + 1),
+        serde_json::json!(max_ms + 1),
         serde_json::json!(9_223_372_036_854_775_808u64),
         serde_json::json!(u64::MAX),
         serde_json::json!(1e30),
@@ -148,41 +147,103 @@ fn numeric_options_are_integers_in_range() {
         let e = ms(bad.clone()).unwrap_err();
         assert_eq!(e.code, "invalid_options", "{bad}");
         assert!(e.message.contains("2592000000 ms"), "{}", e.message);
+        assert!(e.message.contains("timeout_ms"), "{}", e.message);
     }
     // Seconds are multiplied with overflow checked, and the bound is the same.
-    let s = |v| timeout(Unit::Seconds, v).map(|o| o.timeout_ms);
-    assert_eq!(s(serde_json::json!(2_592_000)), Ok(Some(MAX_TIMEOUT_MS)));
+    let s = |v| timeout(Given::dtm(&TIMEOUT, number(v))).map(|o| o.timeout_ms);
+    assert_eq!(s(serde_json::json!(2_592_000)), Ok(Some(max_ms)));
     let e = s(serde_json::json!(i64::MAX)).unwrap_err();
     assert!(e.message.contains("2592000 seconds"), "{}", e.message);
+    assert!(e.message.contains("timeout_to_fail"), "{}", e.message);
     assert!(s(serde_json::json!(2_592_001)).is_err());
 }
 
-type Slot = fn(&mut Overrides) -> &mut Option<Given>;
-
 #[test]
 fn every_option_has_its_bound() {
-    let cases: [(Slot, u64); 6] = [
-        (|o| &mut o.request_timeout, MAX_REQUEST_TIMEOUT_MS),
-        (|o| &mut o.retry_interval, MAX_RETRY_INTERVAL_MS),
-        (|o| &mut o.max_retry_interval, MAX_MAX_RETRY_INTERVAL_MS),
-        (|o| &mut o.max_attempts, MAX_MAX_ATTEMPTS),
-        (|o| &mut o.max_in_progress, MAX_MAX_IN_PROGRESS_MS),
-        (|o| &mut o.timeout, MAX_TIMEOUT_MS),
-    ];
-    for (slot, max) in cases {
+    for option in OPTIONS {
+        let max = option.max;
         for (v, ok) in [(0, false), (1, true), (max, true), (max + 1, false)] {
-            let mut o = Overrides::default();
-            *slot(&mut o) = given("f", Unit::Millis, serde_json::json!(v));
-            assert_eq!(o.apply(TxOptions::default()).is_ok(), ok, "{v} of {max}");
+            let o = Overrides {
+                given: vec![Given::native(option, number(serde_json::json!(v)))],
+                ..Overrides::default()
+            };
+            let resolved = o.apply(TxOptions::default());
+            assert_eq!(resolved.is_ok(), ok, "{v} of {max}");
+            if let Ok(resolved) = resolved {
+                assert_eq!(option.of(&resolved), Some(v), "{}", option.name);
+            }
         }
     }
     let o = Overrides {
-        max_attempts: given("max_attempts", Unit::Count, serde_json::json!(7)),
-        max_in_progress: given("max_in_progress_ms", Unit::Millis, serde_json::json!(9)),
+        given: vec![
+            Given::native(&MAX_ATTEMPTS, number(serde_json::json!(7))),
+            Given::native(&MAX_IN_PROGRESS, number(serde_json::json!(9))),
+        ],
         ..Overrides::default()
     };
     let resolved = o.apply(TxOptions::default()).unwrap();
     assert_eq!((resolved.max_attempts, resolved.max_in_progress_ms), (7, 9));
+}
+
+#[test]
+fn the_table_matches_the_built_in_defaults_and_the_dtm_fields() {
+    let defaults = TxOptions::default();
+    for option in OPTIONS {
+        assert_eq!(option.of(&defaults), option.default, "{}", option.name);
+        assert!(
+            option.min >= 1 && option.min <= option.max,
+            "{}",
+            option.name
+        );
+        if let Some(d) = option.default {
+            assert!((option.min..=option.max).contains(&d), "{}", option.name);
+        }
+    }
+    let dtm: Vec<_> = OPTIONS
+        .iter()
+        .filter_map(|o| o.dtm.map(|(field, unit)| (o.name, field, unit)))
+        .collect();
+    assert_eq!(
+        dtm,
+        [
+            ("request_timeout_ms", "request_timeout", Unit::Seconds),
+            ("retry_interval_ms", "retry_interval", Unit::Seconds),
+            ("max_attempts", "retry_limit", Unit::Count),
+            ("timeout_ms", "timeout_to_fail", Unit::Seconds),
+        ]
+    );
+    // A maximum in seconds is a whole number of seconds: both doors accept the same top.
+    for option in OPTIONS {
+        if let Some((_, Unit::Seconds)) = option.dtm {
+            assert_eq!(option.max % 1_000, 0, "{}", option.name);
+        }
+    }
+}
+
+#[test]
+fn the_first_bad_option_in_table_order_is_the_one_reported() {
+    let o = Overrides {
+        given: vec![
+            Given::dtm(&TIMEOUT, number(serde_json::json!(u64::MAX))),
+            Given::dtm(&REQUEST_TIMEOUT, number(serde_json::json!(601))),
+        ],
+        ..Overrides::default()
+    };
+    let e = o.apply(TxOptions::default()).unwrap_err();
+    assert!(e.message.starts_with("request_timeout "), "{}", e.message);
+}
+
+#[test]
+fn list_pages_are_bounded_and_refused_past_the_bound() {
+    assert_eq!(list_limit("limit", None, DEFAULT_LIST_LIMIT), Ok(50));
+    assert_eq!(list_limit("limit", None, DTM_DEFAULT_LIST_LIMIT), Ok(100));
+    assert_eq!(list_limit("limit", Some(1), 50), Ok(1));
+    assert_eq!(list_limit("limit", Some(MAX_LIST_LIMIT), 50), Ok(1_000));
+    for bad in [0, MAX_LIST_LIMIT + 1, u32::MAX] {
+        let e = list_limit("limit", Some(bad), 50).unwrap_err();
+        assert_eq!(e.code, "invalid_query", "{bad}");
+        assert!(e.message.contains("1..=1000"), "{}", e.message);
+    }
 }
 
 #[test]

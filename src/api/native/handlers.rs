@@ -1,174 +1,31 @@
-//! idem's own HTTP API, under `/api/v1`. Documented in `docs/api.md`.
+//! The native API's handlers: each checks its request, asks the engine, and answers
+//! with the views.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
+use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
-use serde_json::{Number, Value};
+use serde_json::Value;
 
-use super::AppState;
-use super::error::ApiError;
-use super::validate::{
-    Given, Overrides, Unit, check_branch_count, check_id, check_payload, check_reason, check_url,
-    decode_cursor, parse_body, parse_orders, registration_error,
+use super::requests::{
+    ActionRequest, BranchSpec, CreateRequest, ListQuery, RegisterRequest, identity, payload_text,
 };
-use crate::core::{
-    Action, Branch, BranchStatus, CallOutcome, Kind, Millis, SagaStep, Status, Transaction,
-    TxOptions,
+use super::views::{TxView, page_view};
+use crate::api::AppState;
+use crate::api::error::ApiError;
+use crate::api::validate::{
+    DEFAULT_LIST_LIMIT, check_branch_count, check_id, check_payload, check_reason, check_url,
+    decode_cursor, list_limit, parse_body, registration_error,
 };
+use crate::core::{Action, Branch, CallOutcome, Kind, SagaStep, Status};
 use crate::engine::{NewPrepared, NewSaga};
-use crate::store::{AttemptRecord, ListFilter, Page, StoredTx};
+use crate::store::ListFilter;
 
-pub fn routes() -> Router<Arc<AppState>> {
-    Router::new()
-        .route("/api/v1/transactions", post(create).get(list))
-        .route("/api/v1/transactions/{gid}", get(show))
-        .route("/api/v1/transactions/{gid}/branches", post(register))
-        .route("/api/v1/transactions/{gid}/submit", post(submit))
-        .route("/api/v1/transactions/{gid}/abort", post(abort))
-        .route("/api/v1/transactions/{gid}/retry", post(retry))
-        .route("/api/v1/transactions/{gid}/force-stop", post(force_stop))
-}
-
-// ---- requests --------------------------------------------------------------------------
-
-/// Options a request may set; anything unset takes the server default. Numbers are kept
-/// as sent so that the shared checks judge them (see `validate`).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OptionsRequest {
-    pub request_timeout_ms: Option<Number>,
-    pub retry_interval_ms: Option<Number>,
-    pub max_retry_interval_ms: Option<Number>,
-    pub max_attempts: Option<Number>,
-    pub max_in_progress_ms: Option<Number>,
-    pub timeout_ms: Option<Number>,
-    #[serde(default)]
-    pub branch_headers: BTreeMap<String, String>,
-    #[serde(default)]
-    pub concurrent: bool,
-    #[serde(default)]
-    pub orders: BTreeMap<String, Vec<usize>>,
-}
-
-impl OptionsRequest {
-    /// Resolves against the defaults, checking ranges.
-    pub fn resolve(self, defaults: &TxOptions, steps: usize) -> Result<TxOptions, ApiError> {
-        let given =
-            |field, unit, value: Option<Number>| value.map(|value| Given { field, unit, value });
-        let overrides = Overrides {
-            request_timeout: given("request_timeout_ms", Unit::Millis, self.request_timeout_ms),
-            retry_interval: given("retry_interval_ms", Unit::Millis, self.retry_interval_ms),
-            max_retry_interval: given(
-                "max_retry_interval_ms",
-                Unit::Millis,
-                self.max_retry_interval_ms,
-            ),
-            max_attempts: given("max_attempts", Unit::Count, self.max_attempts),
-            max_in_progress: given("max_in_progress_ms", Unit::Millis, self.max_in_progress_ms),
-            timeout: given("timeout_ms", Unit::Millis, self.timeout_ms),
-            branch_headers: self.branch_headers,
-        };
-        let mut o = overrides.apply(defaults.clone())?;
-        o.concurrent = self.concurrent;
-        o.orders = parse_orders(self.orders, steps)
-            .map_err(|m| ApiError::bad_request("invalid_options", m))?;
-        Ok(o)
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StepRequest {
-    action: String,
-    compensate: Option<String>,
-    #[serde(default)]
-    payload: Value,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CreateRequest {
-    gid: Option<String>,
-    kind: String,
-    #[serde(default)]
-    steps: Vec<StepRequest>,
-    #[serde(default)]
-    options: OptionsRequest,
-    query_prepared: Option<String>,
-    /// TCC: branches to register with the transaction, in one request.
-    #[serde(default)]
-    branches: Vec<BranchSpec>,
-    #[serde(default)]
-    wait_result: bool,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BranchSpec {
-    branch_id: String,
-    confirm: String,
-    cancel: String,
-    #[serde(default)]
-    payload: Value,
-}
-
-impl BranchSpec {
-    /// Checks the fields and builds the Confirm and Cancel operations.
-    fn operations(&self, now: Millis) -> Result<[Branch; 2], ApiError> {
-        check_id("branch_id", "invalid_branch_id", &self.branch_id)?;
-        check_url("confirm", &self.confirm)?;
-        check_url("cancel", &self.cancel)?;
-        let payload = payload_text(&self.payload);
-        check_payload("payload", &payload)?;
-        // TCC branches have no order among them: Confirms (or Cancels) all go out together.
-        Ok([
-            Branch::new(
-                &self.branch_id,
-                Action::Confirm,
-                0,
-                &self.confirm,
-                &payload,
-                now,
-            ),
-            Branch::new(
-                &self.branch_id,
-                Action::Cancel,
-                0,
-                &self.cancel,
-                &payload,
-                now,
-            ),
-        ])
-    }
-}
-
-/// The body sent to a participant: the payload's JSON text; null means an empty body.
-fn payload_text(payload: &Value) -> String {
-    match payload {
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
-}
-
-/// The part of a request that makes its identity: `wait_result` changes how the answer
-/// is given, not what is asked, so it is left out of the hash.
-fn identity(mut request: Value) -> Value {
-    if let Value::Object(map) = &mut request {
-        map.remove("wait_result");
-    }
-    request
-}
-
-async fn create(
+pub(super) async fn create(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -319,19 +176,7 @@ async fn create(
     Ok((status, Json(TxView::new(&stored, None))).into_response())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RegisterRequest {
-    branch_id: String,
-    confirm: String,
-    cancel: String,
-    #[serde(rename = "try")]
-    try_url: Option<String>,
-    #[serde(default)]
-    payload: Value,
-}
-
-async fn register(
+pub(super) async fn register(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
@@ -385,14 +230,6 @@ async fn register(
     Ok((status, Json(body)).into_response())
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ActionRequest {
-    #[serde(default)]
-    wait_result: bool,
-    reason: Option<String>,
-}
-
 /// The four operations on one transaction, which share their request and answer.
 #[derive(Clone, Copy)]
 enum Operation {
@@ -432,7 +269,7 @@ async fn operate(
     Ok(Json(TxView::new(&stored, None)))
 }
 
-async fn submit(
+pub(super) async fn submit(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
@@ -440,7 +277,7 @@ async fn submit(
     operate(&app, gid, body, Operation::Submit).await
 }
 
-async fn abort(
+pub(super) async fn abort(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
@@ -448,7 +285,7 @@ async fn abort(
     operate(&app, gid, body, Operation::Abort).await
 }
 
-async fn retry(
+pub(super) async fn retry(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
@@ -456,7 +293,7 @@ async fn retry(
     operate(&app, gid, body, Operation::Retry).await
 }
 
-async fn force_stop(
+pub(super) async fn force_stop(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
@@ -464,35 +301,19 @@ async fn force_stop(
     operate(&app, gid, body, Operation::ForceStop).await
 }
 
-async fn show(
+pub(super) async fn show(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
 ) -> Result<Json<TxView>, ApiError> {
     check_id("gid", "invalid_gid", &gid)?;
     let stored = app.engine.load(&gid).await?;
-    let history = app
-        .engine
-        .store()
-        .attempts(&gid)
-        .await
-        .map_err(crate::engine::EngineError::from)?;
+    let history = app.engine.history(&gid).await?;
     Ok(Json(TxView::new(&stored, Some(history))))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListQuery {
-    status: Option<String>,
-    kind: Option<String>,
-    created_from: Option<Millis>,
-    created_to: Option<Millis>,
-    cursor: Option<String>,
-    limit: Option<u32>,
-}
-
-async fn list(
+pub(super) async fn list(
     State(app): State<Arc<AppState>>,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     let status = q
@@ -506,13 +327,7 @@ async fn list(
         .transpose()
         .map_err(|e| ApiError::bad_request("invalid_query", e.to_string()))?;
     let after = q.cursor.map(|c| decode_cursor("cursor", &c)).transpose()?;
-    let limit = q.limit.unwrap_or(50);
-    if !(1..=1_000).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "invalid_query",
-            "limit must be 1..=1000",
-        ));
-    }
+    let limit = list_limit("limit", q.limit, DEFAULT_LIST_LIMIT)?;
     let filter = ListFilter {
         statuses: status.into_iter().collect(),
         kind,
@@ -521,115 +336,6 @@ async fn list(
         after,
         limit,
     };
-    let page = app
-        .engine
-        .store()
-        .list(&filter)
-        .await
-        .map_err(crate::engine::EngineError::from)?;
+    let page = app.engine.list(&filter).await?;
     Ok(Json(page_view(&page)))
-}
-
-/// A page of the list as the API answers it; `idem tx list --database-url` prints the same.
-pub fn page_view(page: &Page) -> Value {
-    let items: Vec<TxView> = page.items.iter().map(|s| TxView::new(s, None)).collect();
-    serde_json::json!({
-        "transactions": items,
-        "next_cursor": page.next.as_ref().map(|(at, gid)| format!("{at}:{gid}")),
-    })
-}
-
-// ---- views -----------------------------------------------------------------------------
-
-/// A transaction as the API shows it.
-#[derive(Debug, Serialize)]
-pub struct TxView {
-    pub gid: String,
-    pub kind: Kind,
-    pub status: Status,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stalled_from: Option<Status>,
-    pub reason: Option<String>,
-    pub last_error: Option<String>,
-    /// Failed branch calls so far.
-    pub attempts: i32,
-    pub timeout_at: Option<Millis>,
-    pub next_attempt_at: Option<Millis>,
-    pub created_at: Millis,
-    pub updated_at: Millis,
-    pub finished_at: Option<Millis>,
-    pub options: TxOptions,
-    pub branches: Vec<BranchView>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub history: Option<Vec<AttemptRecord>>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct BranchView {
-    pub branch_id: String,
-    pub action: Action,
-    pub url: String,
-    pub payload: String,
-    pub status: BranchStatus,
-    pub attempts: i32,
-    pub next_attempt_at: Option<Millis>,
-    pub last_error: Option<String>,
-    /// When it first answered "in progress" in its current run of such answers.
-    pub in_progress_since: Option<Millis>,
-    pub updated_at: Millis,
-    pub finished_at: Option<Millis>,
-}
-
-impl TxView {
-    pub fn new(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView {
-        let tx: &Transaction = &stored.tx;
-        TxView {
-            gid: tx.gid.clone(),
-            kind: tx.kind,
-            status: tx.status,
-            stalled_from: tx.stalled_from,
-            reason: tx.reason.clone(),
-            last_error: tx.last_error.clone(),
-            attempts: tx.attempts,
-            timeout_at: tx.timeout_at,
-            next_attempt_at: tx.next_attempt_at,
-            created_at: tx.created_at,
-            updated_at: tx.updated_at,
-            finished_at: tx.finished_at,
-            options: tx.options.clone(),
-            branches: tx
-                .branches
-                .iter()
-                .map(|b| BranchView {
-                    branch_id: b.branch_id.clone(),
-                    action: b.action,
-                    url: b.url.clone(),
-                    payload: b.payload.clone(),
-                    status: b.status,
-                    attempts: b.attempts,
-                    next_attempt_at: b.next_attempt_at,
-                    last_error: b.last_error.clone(),
-                    in_progress_since: b.in_progress_since,
-                    updated_at: b.updated_at,
-                    finished_at: b.finished_at,
-                })
-                .collect(),
-            history,
-        }
-    }
-}
-
-/// How long `wait_result` waits by default.
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wait_result_is_not_part_of_the_identity() {
-        let a = identity(serde_json::json!({"gid": "g", "wait_result": true}));
-        let b = identity(serde_json::json!({"gid": "g"}));
-        assert_eq!(a, b);
-    }
 }

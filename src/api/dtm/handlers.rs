@@ -1,0 +1,325 @@
+//! The DTM door's handlers: each parses its request, asks the engine, and answers in
+//! DTM's envelope.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use super::requests::{AllParams, GidOnly, QueryParams, Trans, parse};
+use super::views::{branch_view, dtm_status, from_dtm_status, global_view};
+use super::{DtmError, DtmResponse, DtmResult, failure, ongoing, success};
+use crate::api::AppState;
+use crate::api::error::ApiError;
+use crate::api::validate::{
+    DTM_DEFAULT_LIST_LIMIT, check_id, check_payload, check_reason, check_url, decode_cursor,
+    list_limit, parse_body, registration_error,
+};
+use crate::core::{Action, Branch, Kind, SagaStep, Status};
+use crate::engine::{EngineError, NewPrepared, NewSaga};
+use crate::store::{ListFilter, StoredTx};
+
+pub(super) async fn ping() -> Json<Value> {
+    Json(json!({"msg": "pong"}))
+}
+
+pub(super) async fn version() -> Json<Value> {
+    Json(json!({"version": concat!("idem-", env!("CARGO_PKG_VERSION"))}))
+}
+
+pub(super) async fn new_gid() -> Json<Value> {
+    Json(json!({"gid": uuid::Uuid::new_v4().simple().to_string(), "dtm_result": "SUCCESS"}))
+}
+
+pub(super) async fn prepare(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> DtmResult {
+    let t = parse(body, &app)?;
+    if t.kind == Kind::Saga {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            "prepare is for tcc and msg; submit a saga directly",
+        )
+        .into());
+    }
+    let outcome = create_prepared(&app, &t).await?;
+    if outcome.tx.status != Status::Prepared {
+        return Ok(failure(format!(
+            "current status '{}', cannot prepare",
+            dtm_status(outcome.tx.status)
+        )));
+    }
+    Ok(success())
+}
+
+async fn create_prepared(app: &AppState, t: &Trans) -> Result<StoredTx, DtmError> {
+    if t.kind == Kind::Msg && t.steps.is_empty() {
+        return Err(ApiError::bad_request("empty_steps", "a msg needs at least one step").into());
+    }
+    let created = app
+        .engine
+        .create_prepared(NewPrepared {
+            gid: t.gid.clone(),
+            kind: t.kind,
+            options: t.options.clone(),
+            msg_steps: t
+                .steps
+                .iter()
+                .map(|(a, _, p)| (a.clone(), p.clone()))
+                .collect(),
+            query_prepared: t.query_prepared.clone(),
+            branches: Vec::new(),
+            request: t.identity.clone(),
+        })
+        .await?;
+    Ok(created.stored)
+}
+
+pub(super) async fn submit(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> DtmResult {
+    let t = parse(body, &app)?;
+    match t.kind {
+        Kind::Saga => {
+            if t.steps.is_empty() {
+                return Err(
+                    ApiError::bad_request("empty_steps", "a saga needs at least one step").into(),
+                );
+            }
+            let steps = t
+                .steps
+                .iter()
+                .map(|(action, compensate, payload)| SagaStep {
+                    action: action.clone(),
+                    compensate: compensate.clone(),
+                    payload: payload.clone(),
+                })
+                .collect();
+            app.engine
+                .create_saga(NewSaga {
+                    gid: t.gid.clone(),
+                    steps,
+                    options: t.options.clone(),
+                    request: t.identity.clone(),
+                })
+                .await?;
+        }
+        Kind::Tcc => {
+            app.engine.submit(&t.gid).await?;
+        }
+        Kind::Msg => {
+            // DTM lets a msg be submitted without a prepare; then this creates it.
+            create_prepared(&app, &t).await?;
+            app.engine.submit(&t.gid).await?;
+        }
+    }
+    finish(&app, &t).await
+}
+
+pub(super) async fn abort(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> DtmResult {
+    let t = parse(body, &app)?;
+    check_reason("rollback_reason", t.reason.as_deref())?;
+    let reason = t
+        .reason
+        .clone()
+        .unwrap_or_else(|| "aborted by the client".into());
+    app.engine.abort(&t.gid, &reason).await?;
+    finish(&app, &t).await
+}
+
+/// With `wait_result`, answers with the outcome: SUCCESS once succeeded, FAILURE (with
+/// the reason) once failed, ONGOING if it is still going or stalled when the wait ends.
+async fn finish(app: &AppState, t: &Trans) -> DtmResult {
+    if !t.wait_result {
+        return Ok(success());
+    }
+    let stored = app.engine.wait_settled(&t.gid, app.wait_timeout).await?;
+    Ok(match stored.tx.status {
+        Status::Succeeded => success(),
+        Status::Failed => failure(stored.tx.reason.unwrap_or_else(|| "failed".into())),
+        other => ongoing(format!(
+            "the transaction is {other}{}",
+            stored
+                .tx
+                .last_error
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        )),
+    })
+}
+
+pub(super) async fn force_stop(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> DtmResult {
+    let (req, _): (GidOnly, Value) = parse_body(body, None)?;
+    let gid = req
+        .gid
+        .filter(|g| !g.is_empty())
+        .ok_or_else(|| ApiError::bad_request("missing_gid", "gid is required"))?;
+    check_id("gid", "invalid_gid", &gid)?;
+    check_reason("rollback_reason", req.rollback_reason.as_deref())?;
+    let reason = req
+        .rollback_reason
+        .unwrap_or_else(|| "force-stopped".into());
+    app.engine.force_stop(&gid, &reason).await?;
+    Ok(success())
+}
+
+pub(super) async fn register_xa() -> DtmError {
+    DtmError(ApiError::bad_request(
+        "unsupported",
+        "XA is not supported by idem; use TCC or saga",
+    ))
+}
+
+pub(super) async fn register_branch(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> DtmResult {
+    let (fields, _): (BTreeMap<String, Value>, Value) = parse_body(body, None)?;
+    // DTM binds this body into map[string]string: every value must be a string.
+    let mut data = BTreeMap::new();
+    for (key, value) in fields {
+        match value {
+            Value::String(s) => {
+                data.insert(key, s);
+            }
+            Value::Null => {}
+            other => {
+                return Err(ApiError::bad_request(
+                    "invalid_json",
+                    format!("registerBranch takes string values; {key} is {other}"),
+                )
+                .into());
+            }
+        }
+    }
+    let get = |k: &str| data.get(k).cloned().unwrap_or_default();
+    let gid = get("gid");
+    if gid.is_empty() {
+        return Err(ApiError::bad_request("missing_gid", "gid is required").into());
+    }
+    check_id("gid", "invalid_gid", &gid)?;
+    let branch_id = get("branch_id");
+    check_id("branch_id", "invalid_branch_id", &branch_id)?;
+    match get("trans_type").as_str() {
+        "tcc" => {}
+        "xa" => return Err(register_xa().await),
+        other => {
+            return Err(ApiError::bad_request(
+                "unknown_kind",
+                format!("registerBranch takes trans_type tcc (got {other:?})"),
+            )
+            .into());
+        }
+    }
+    let (confirm, cancel) = (get("confirm"), get("cancel"));
+    check_url("confirm", &confirm)?;
+    check_url("cancel", &cancel)?;
+    let payload = get("data");
+    check_payload("data", &payload)?;
+    let now = app.engine.now();
+    let branches = vec![
+        Branch::new(&branch_id, Action::Confirm, 0, confirm, &payload, now),
+        Branch::new(&branch_id, Action::Cancel, 0, cancel, &payload, now),
+    ];
+    match app.engine.register(&gid, branches).await {
+        Ok(()) => Ok(success()),
+        Err(EngineError::NotPrepared(status)) => Ok(failure(format!(
+            "no trans with gid: {gid} status: prepared found (it is {})",
+            dtm_status(status)
+        ))),
+        Err(e) => Err(registration_error(e).into()),
+    }
+}
+
+pub(super) async fn query(
+    State(app): State<Arc<AppState>>,
+    params: Result<Query<QueryParams>, QueryRejection>,
+) -> DtmResult {
+    let Query(params) =
+        params.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let gid = params
+        .gid
+        .filter(|g| !g.is_empty())
+        .ok_or_else(|| ApiError::bad_request("missing_gid", "no gid specified"))?;
+    check_id("gid", "invalid_gid", &gid)?;
+    let Some(stored) = app.engine.find(&gid).await? else {
+        return Ok(DtmResponse(
+            StatusCode::OK,
+            json!({"transaction": null, "branches": []}),
+        ));
+    };
+    let branches: Vec<Value> = stored
+        .tx
+        .branches
+        .iter()
+        .filter(|b| b.action != Action::QueryPrepared)
+        .map(|b| branch_view(&stored.tx.gid, b))
+        .collect();
+    Ok(DtmResponse(
+        StatusCode::OK,
+        json!({"transaction": global_view(&stored), "branches": branches}),
+    ))
+}
+
+pub(super) async fn all(
+    State(app): State<Arc<AppState>>,
+    params: Result<Query<AllParams>, QueryRejection>,
+) -> DtmResult {
+    let Query(p) = params.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let statuses = p
+        .status
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            from_dtm_status(&s).ok_or_else(|| {
+                ApiError::bad_request("invalid_query", format!("unknown status {s:?}"))
+            })
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let kind = p
+        .trans_type
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<Kind>()
+                .map_err(|e| ApiError::bad_request("invalid_query", e.to_string()))
+        })
+        .transpose()?;
+    let after = p
+        .position
+        .filter(|s| !s.is_empty())
+        .map(|position| decode_cursor("position", &position))
+        .transpose()?;
+    // Refused past the bound like the native door's, not cut to it.
+    let limit = list_limit("limit", p.limit, DTM_DEFAULT_LIST_LIMIT)?;
+    let filter = ListFilter {
+        statuses,
+        kind,
+        created_from: p.create_time_start,
+        created_to: p.create_time_end,
+        after,
+        limit,
+    };
+    let page = app.engine.list(&filter).await?;
+    let transactions: Vec<Value> = page.items.iter().map(global_view).collect();
+    let next = page
+        .next
+        .map(|(at, gid)| format!("{at}:{gid}"))
+        .unwrap_or_default();
+    Ok(DtmResponse(
+        StatusCode::OK,
+        json!({"transactions": transactions, "next_position": next}),
+    ))
+}

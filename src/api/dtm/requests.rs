@@ -1,0 +1,271 @@
+//! The DTM door's requests: DTM's `TransGlobal` and query parameters, parsed and checked
+//! into what the engine takes. DTM's option fields are mapped onto idem's table of bounds
+//! (`validate::OPTIONS`), so they are judged as the native door's are.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use serde::{Deserialize, Serialize};
+use serde_json::{Number, Value};
+
+use super::DtmError;
+use crate::api::AppState;
+use crate::api::error::ApiError;
+use crate::api::validate::{
+    Given, MAX_ATTEMPTS, MAX_CUSTOM_DATA_LEN, Overrides, REQUEST_TIMEOUT, RETRY_INTERVAL, TIMEOUT,
+    check_branch_count, check_id, check_payload, check_text, check_url, parse_body, parse_orders,
+};
+use crate::core::{Kind, Millis, Protocol, TxOptions};
+
+/// DTM's `TransGlobal` as clients send it. Every field may be absent or `null`; unknown
+/// keys (such as the obsolete `passthrough_headers`) are ignored.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct TransRequest {
+    pub(super) gid: Option<String>,
+    pub(super) trans_type: Option<String>,
+    pub(super) steps: Option<Vec<BTreeMap<String, Option<String>>>>,
+    pub(super) payloads: Option<Vec<Option<String>>>,
+    pub(super) custom_data: Option<String>,
+    pub(super) wait_result: Option<bool>,
+    /// Seconds. Numbers are kept as sent so that the shared checks judge them.
+    pub(super) timeout_to_fail: Option<Number>,
+    /// Seconds.
+    pub(super) request_timeout: Option<Number>,
+    /// Seconds.
+    pub(super) retry_interval: Option<Number>,
+    pub(super) retry_limit: Option<Number>,
+    pub(super) branch_headers: Option<BTreeMap<String, String>>,
+    pub(super) query_prepared: Option<String>,
+    pub(super) rollback_reason: Option<String>,
+}
+
+/// What of a request makes its identity (hashed to recognise a repeat): the fields that
+/// change what happens, with DTM's "zero means unset" applied, so `null`, `0` and absence
+/// hash alike.
+#[derive(Debug, Serialize)]
+pub(super) struct Identity<'a> {
+    pub(super) gid: &'a str,
+    pub(super) trans_type: &'a str,
+    pub(super) steps: Vec<(String, String, String)>,
+    pub(super) custom_data: Option<&'a str>,
+    pub(super) timeout_to_fail: Option<Number>,
+    pub(super) request_timeout: Option<Number>,
+    pub(super) retry_interval: Option<Number>,
+    pub(super) retry_limit: Option<Number>,
+    pub(super) branch_headers: BTreeMap<String, String>,
+    pub(super) query_prepared: Option<&'a str>,
+}
+
+/// A parsed and checked request.
+pub(super) struct Trans {
+    pub(super) gid: String,
+    pub(super) kind: Kind,
+    /// (action, compensate, payload) per step.
+    pub(super) steps: Vec<(String, String, String)>,
+    pub(super) options: TxOptions,
+    pub(super) query_prepared: Option<String>,
+    pub(super) wait_result: bool,
+    pub(super) reason: Option<String>,
+    pub(super) identity: Value,
+}
+
+/// DTM's convention: an integer of 0 or below means "not set". Anything else, fractions
+/// included, goes to the shared checks.
+fn positive(v: &Option<Number>) -> Option<Number> {
+    v.clone().filter(|n| n.as_i64().is_none_or(|v| v > 0))
+}
+
+pub(super) fn parse(
+    body: Result<Bytes, BytesRejection>,
+    app: &AppState,
+) -> Result<Trans, DtmError> {
+    let defaults = &app.engine.config().defaults;
+    let (req, _): (TransRequest, Value) = parse_body(body, None)?;
+    let gid = req
+        .gid
+        .clone()
+        .filter(|g| !g.is_empty())
+        .ok_or_else(|| ApiError::bad_request("missing_gid", "gid is required"))?;
+    check_id("gid", "invalid_gid", &gid)?;
+    let trans_type = req.trans_type.clone().unwrap_or_default();
+    let kind = match trans_type.as_str() {
+        "saga" => Kind::Saga,
+        "tcc" => Kind::Tcc,
+        "msg" => Kind::Msg,
+        "xa" | "workflow" => {
+            return Err(ApiError::bad_request(
+                "unsupported",
+                format!(
+                    "trans_type {trans_type:?} is not supported by idem (saga, tcc and msg are)"
+                ),
+            )
+            .into());
+        }
+        "" => return Err(ApiError::bad_request("unknown_kind", "trans_type is required").into()),
+        other => {
+            return Err(ApiError::bad_request(
+                "unknown_kind",
+                format!("trans_type must be saga, tcc or msg (got {other:?})"),
+            )
+            .into());
+        }
+    };
+
+    let raw_steps = req.steps.clone().unwrap_or_default();
+    check_branch_count("steps", raw_steps.len(), app.max_branches)?;
+    let payloads = req.payloads.clone().unwrap_or_default();
+    let mut steps = Vec::with_capacity(raw_steps.len());
+    for (i, step) in raw_steps.iter().enumerate() {
+        let field = |name: &str| step.get(name).cloned().flatten().unwrap_or_default();
+        let action = field("action");
+        check_url(&format!("steps[{i}].action"), &action)?;
+        let compensate = field("compensate");
+        if kind == Kind::Saga {
+            check_url(&format!("steps[{i}].compensate"), &compensate)?;
+        }
+        // `payloads[i]` is the body; DTM's legacy `steps[i].data` is accepted too.
+        let payload = payloads
+            .get(i)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| field("data"));
+        check_payload(&format!("payloads[{i}]"), &payload)?;
+        steps.push((action, compensate, payload));
+    }
+    if let Some(url) = &req.query_prepared
+        && !url.is_empty()
+    {
+        check_url("query_prepared", url)?;
+    }
+
+    // DTM has no field for max_retry_interval_ms or max_in_progress_ms: the server's
+    // defaults apply.
+    let numbers = [
+        (&TIMEOUT, &req.timeout_to_fail),
+        (&REQUEST_TIMEOUT, &req.request_timeout),
+        (&RETRY_INTERVAL, &req.retry_interval),
+        (&MAX_ATTEMPTS, &req.retry_limit),
+    ];
+    let overrides = Overrides {
+        given: numbers
+            .into_iter()
+            .filter_map(|(option, value)| positive(value).map(|v| Given::dtm(option, v)))
+            .collect(),
+        branch_headers: req.branch_headers.clone().unwrap_or_default(),
+    };
+    let dtm_defaults = TxOptions {
+        protocol: Protocol::Dtm,
+        ..defaults.clone()
+    };
+    let mut options = overrides.apply(dtm_defaults)?;
+    if let Some(custom) = req.custom_data.as_deref().filter(|c| !c.is_empty()) {
+        check_text("custom_data", custom, MAX_CUSTOM_DATA_LEN)?;
+        apply_custom_data(kind, custom, steps.len(), &mut options)?;
+    }
+
+    let identity = serde_json::to_value(Identity {
+        gid: &gid,
+        trans_type: &trans_type,
+        steps: steps.clone(),
+        custom_data: req.custom_data.as_deref().filter(|c| !c.is_empty()),
+        timeout_to_fail: positive(&req.timeout_to_fail),
+        request_timeout: positive(&req.request_timeout),
+        retry_interval: positive(&req.retry_interval),
+        retry_limit: positive(&req.retry_limit),
+        branch_headers: req.branch_headers.clone().unwrap_or_default(),
+        query_prepared: req.query_prepared.as_deref().filter(|q| !q.is_empty()),
+    })
+    .expect("serialisable");
+    Ok(Trans {
+        gid,
+        kind,
+        steps,
+        options,
+        query_prepared: req.query_prepared.filter(|q| !q.is_empty()),
+        wait_result: req.wait_result.unwrap_or(false),
+        reason: req.rollback_reason,
+        identity,
+    })
+}
+
+/// `custom_data` is a JSON string. Saga: `{"orders": {"1": [0]}, "concurrent": true}`
+/// (0-based step indexes). Msg: `{"delay": seconds}` is not supported.
+fn apply_custom_data(
+    kind: Kind,
+    custom: &str,
+    steps: usize,
+    options: &mut TxOptions,
+) -> Result<(), ApiError> {
+    #[derive(Deserialize)]
+    struct Custom {
+        #[serde(default)]
+        orders: BTreeMap<String, Vec<usize>>,
+        #[serde(default)]
+        concurrent: bool,
+        delay: Option<i64>,
+    }
+    let bad = |m: String| ApiError::bad_request("invalid_custom_data", m);
+    let custom: Custom = serde_json::from_str(custom)
+        .map_err(|e| bad(format!("custom_data is not the JSON idem expects: {e}")))?;
+    if custom.delay.is_some_and(|d| d > 0) {
+        return Err(bad(
+            "custom_data.delay (delayed messages) is not supported".into()
+        ));
+    }
+    if kind == Kind::Saga {
+        options.concurrent = custom.concurrent;
+        options.orders = parse_orders(custom.orders, steps).map_err(bad)?;
+    }
+    Ok(())
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct GidOnly {
+    pub(super) gid: Option<String>,
+    pub(super) rollback_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct QueryParams {
+    pub(super) gid: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct AllParams {
+    pub(super) position: Option<String>,
+    pub(super) limit: Option<u32>,
+    pub(super) status: Option<String>,
+    #[serde(rename = "transType")]
+    pub(super) trans_type: Option<String>,
+    #[serde(rename = "createTimeStart")]
+    pub(super) create_time_start: Option<Millis>,
+    #[serde(rename = "createTimeEnd")]
+    pub(super) create_time_end: Option<Millis>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::validate::OPTIONS;
+
+    #[test]
+    fn every_dtm_field_of_the_table_is_read_from_the_request() {
+        for option in OPTIONS {
+            let Some((field, _)) = option.dtm else {
+                continue;
+            };
+            let body = serde_json::json!({ field: 7 });
+            let req: TransRequest = serde_json::from_value(body).unwrap();
+            let given = [
+                ("timeout_to_fail", &req.timeout_to_fail),
+                ("request_timeout", &req.request_timeout),
+                ("retry_interval", &req.retry_interval),
+                ("retry_limit", &req.retry_limit),
+            ];
+            let set: Vec<_> = given.iter().filter(|(_, v)| v.is_some()).collect();
+            assert_eq!(set.len(), 1, "{field}");
+            assert_eq!(set[0].0, field);
+        }
+    }
+}

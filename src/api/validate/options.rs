@@ -1,0 +1,255 @@
+//! The numeric transaction options and the list's page size: one table of bounds that
+//! both front doors read. The native door names an option as `TxOptions` does, in
+//! milliseconds; the DTM door maps its own fields (in seconds) onto the same rows. So one
+//! bound judges both doors, and a value out of range is `400 invalid_options` on either,
+//! never clamped. `branch_headers`, the one option that is not a number, has the same name
+//! in both doors and is checked by [`check_headers`]. Listed in `docs/api.md`, "Limits".
+
+use std::collections::BTreeMap;
+
+use serde_json::Number;
+
+use super::check_headers;
+use crate::api::error::ApiError;
+use crate::core::{DEFAULT_MAX_IN_PROGRESS_MS, TxOptions};
+
+/// The unit an option is given in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    Millis,
+    Seconds,
+    Count,
+}
+
+impl Unit {
+    /// How many of idem's units (milliseconds, or one) one of these is, and how a message
+    /// names it.
+    fn scale(self) -> (u64, &'static str) {
+        match self {
+            Unit::Millis => (1, " ms"),
+            Unit::Seconds => (1_000, " seconds"),
+            Unit::Count => (1, ""),
+        }
+    }
+}
+
+/// One numeric option: its bounds in idem's unit, its built-in default, and what each
+/// front door calls it.
+#[derive(Debug)]
+pub struct OptionBound {
+    /// Its field in `TxOptions` and in the native API's `options`.
+    pub name: &'static str,
+    /// The DTM door's field for it and that field's unit; `None`: DTM has no such field.
+    pub dtm: Option<(&'static str, Unit)>,
+    /// The unit of `name`, `min`, `max` and `default`: milliseconds or a count.
+    pub unit: Unit,
+    pub min: u64,
+    pub max: u64,
+    /// `TxOptions::default()`'s value, which the server's flags (`--request-timeout-ms`,
+    /// ...) may replace; `None`: unset (no global timeout; TCC and msg get the server's
+    /// `--prepared-timeout-ms`).
+    pub default: Option<u64>,
+    get: fn(&TxOptions) -> Option<u64>,
+    set: fn(&mut TxOptions, u64),
+}
+
+const DAY_MS: u64 = 86_400_000;
+
+/// A call longer than 10 minutes holds a connection and a call slot for that long; such a
+/// participant should answer 425 (in progress) and be asked again.
+pub static REQUEST_TIMEOUT: OptionBound = OptionBound {
+    name: "request_timeout_ms",
+    dtm: Some(("request_timeout", Unit::Seconds)),
+    unit: Unit::Millis,
+    min: 1,
+    max: 600_000,
+    default: Some(5_000),
+    get: |o| Some(o.request_timeout_ms),
+    set: |o, v| o.request_timeout_ms = v,
+};
+
+pub static RETRY_INTERVAL: OptionBound = OptionBound {
+    name: "retry_interval_ms",
+    dtm: Some(("retry_interval", Unit::Seconds)),
+    unit: Unit::Millis,
+    min: 1,
+    max: 3_600_000,
+    default: Some(1_000),
+    get: |o| Some(o.retry_interval_ms),
+    set: |o, v| o.retry_interval_ms = v,
+};
+
+pub static MAX_RETRY_INTERVAL: OptionBound = OptionBound {
+    name: "max_retry_interval_ms",
+    dtm: None,
+    unit: Unit::Millis,
+    min: 1,
+    max: DAY_MS,
+    default: Some(60_000),
+    get: |o| Some(o.max_retry_interval_ms),
+    set: |o, v| o.max_retry_interval_ms = v,
+};
+
+/// Every failed attempt is a row of the transaction's history, shown with it.
+pub static MAX_ATTEMPTS: OptionBound = OptionBound {
+    name: "max_attempts",
+    dtm: Some(("retry_limit", Unit::Count)),
+    unit: Unit::Count,
+    min: 1,
+    max: 10_000,
+    default: Some(12),
+    get: |o| Some(u64::from(o.max_attempts)),
+    set: |o, v| o.max_attempts = u32::try_from(v).expect("bounded by MAX_ATTEMPTS.max"),
+};
+
+pub static MAX_IN_PROGRESS: OptionBound = OptionBound {
+    name: "max_in_progress_ms",
+    dtm: None,
+    unit: Unit::Millis,
+    min: 1,
+    max: 30 * DAY_MS,
+    default: Some(DEFAULT_MAX_IN_PROGRESS_MS),
+    get: |o| Some(o.max_in_progress_ms),
+    set: |o, v| o.max_in_progress_ms = v,
+};
+
+/// The global timeout. DTM's seconds are multiplied with the overflow checked, so a huge
+/// `timeout_to_fail` is refused, never wrapped.
+pub static TIMEOUT: OptionBound = OptionBound {
+    name: "timeout_ms",
+    dtm: Some(("timeout_to_fail", Unit::Seconds)),
+    unit: Unit::Millis,
+    min: 1,
+    max: 30 * DAY_MS,
+    default: None,
+    get: |o| o.timeout_ms,
+    set: |o, v| o.timeout_ms = Some(v),
+};
+
+/// Every numeric option; a request's values are checked in this order, so both doors
+/// report the same one first.
+pub static OPTIONS: [&OptionBound; 6] = [
+    &REQUEST_TIMEOUT,
+    &RETRY_INTERVAL,
+    &MAX_RETRY_INTERVAL,
+    &MAX_ATTEMPTS,
+    &MAX_IN_PROGRESS,
+    &TIMEOUT,
+];
+
+impl OptionBound {
+    /// Its value in `options`.
+    pub fn of(&self, options: &TxOptions) -> Option<u64> {
+        (self.get)(options)
+    }
+
+    fn position(&self) -> usize {
+        OPTIONS
+            .iter()
+            .position(|o| std::ptr::eq(*o, self))
+            .expect("every bound is in OPTIONS")
+    }
+}
+
+/// One numeric option as a request gave it, under the door's name and in its unit. Kept
+/// as any JSON number, so that one beyond what a u64 holds (or a fraction, or a negative)
+/// is refused with the same code and message as one beyond the bound.
+#[derive(Clone, Debug)]
+pub struct Given {
+    option: &'static OptionBound,
+    field: &'static str,
+    unit: Unit,
+    value: Number,
+}
+
+impl Given {
+    /// As the native door names it, in idem's unit.
+    pub fn native(option: &'static OptionBound, value: Number) -> Given {
+        Given {
+            option,
+            field: option.name,
+            unit: option.unit,
+            value,
+        }
+    }
+
+    /// As the DTM door names it, in the DTM field's unit. The DTM door asks only for the
+    /// rows that have a DTM field.
+    pub fn dtm(option: &'static OptionBound, value: Number) -> Given {
+        let (field, unit) = option.dtm.expect("an option the DTM door has");
+        Given {
+            option,
+            field,
+            unit,
+            value,
+        }
+    }
+
+    /// In idem's unit, if an integer within the option's bounds.
+    fn resolve(&self) -> Result<u64, ApiError> {
+        let (factor, unit) = self.unit.scale();
+        let (min, max) = (self.option.min, self.option.max);
+        self.value
+            .as_u64()
+            .and_then(|v| v.checked_mul(factor))
+            .filter(|v| (min..=max).contains(v))
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "invalid_options",
+                    format!(
+                        "{} must be an integer from {} to {}{unit} (got {})",
+                        self.field,
+                        min.div_ceil(factor),
+                        max / factor,
+                        self.value
+                    ),
+                )
+            })
+    }
+}
+
+/// What a request changes in the server's default options, in whichever door's names
+/// and units. Only what the request gave is checked: an operator's default is not the
+/// client's mistake.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub given: Vec<Given>,
+    pub branch_headers: BTreeMap<String, String>,
+}
+
+impl Overrides {
+    pub fn apply(mut self, mut options: TxOptions) -> Result<TxOptions, ApiError> {
+        self.given.sort_by_key(|g| g.option.position());
+        for given in &self.given {
+            let value = given.resolve()?;
+            (given.option.set)(&mut options, value);
+        }
+        check_headers(&self.branch_headers)?;
+        options.branch_headers.extend(self.branch_headers);
+        Ok(options)
+    }
+}
+
+// ---- the list's page size ---------------------------------------------------------------
+
+/// Transactions per page of the list, through either door (`limit`): a page is one query
+/// and one answer, so a larger one is refused (`invalid_query`), like an option out of range,
+/// rather than cut.
+pub const MAX_LIST_LIMIT: u32 = 1_000;
+/// The native door's page when `limit` is not given.
+pub const DEFAULT_LIST_LIMIT: u32 = 50;
+/// The DTM door's page when `limit` is not given: DTM's own default.
+pub const DTM_DEFAULT_LIST_LIMIT: u32 = 100;
+
+/// The page size a list request asked for (`default` if none), if within
+/// 1..=[`MAX_LIST_LIMIT`].
+pub fn list_limit(field: &str, given: Option<u32>, default: u32) -> Result<u32, ApiError> {
+    let limit = given.unwrap_or(default);
+    if (1..=MAX_LIST_LIMIT).contains(&limit) {
+        return Ok(limit);
+    }
+    Err(ApiError::bad_request(
+        "invalid_query",
+        format!("{field} must be 1..={MAX_LIST_LIMIT} (got {limit})"),
+    ))
+}

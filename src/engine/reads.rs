@@ -1,0 +1,38 @@
+//! What the front doors read: a transaction, its retry history, a page of the list, and
+//! whether the database answers. They go through here rather than to the store, so the
+//! engine is the one way into the data (and the one place a cache or a read policy would
+//! go).
+
+use std::time::Duration;
+
+use super::{Engine, EngineError};
+use crate::store::{AttemptRecord, ListFilter, Page, StoreError, StoredTx};
+
+impl Engine {
+    /// The transaction as stored, or `None`: for a door that answers an unknown gid with
+    /// an empty result rather than an error (DTM's `query`).
+    pub async fn find(&self, gid: &str) -> Result<Option<StoredTx>, EngineError> {
+        Ok(self.store.load(gid).await?)
+    }
+
+    /// Every call of the transaction that did not simply succeed, oldest first.
+    pub async fn history(&self, gid: &str) -> Result<Vec<AttemptRecord>, EngineError> {
+        Ok(self.store.attempts(gid).await?)
+    }
+
+    /// One page of transactions, newest first, without their branches. The filter's
+    /// `limit` is taken as given: the doors check it (`api::validate::check_list_limit`).
+    pub async fn list(&self, filter: &ListFilter) -> Result<Page, EngineError> {
+        Ok(self.store.list(filter).await?)
+    }
+
+    /// Whether the database answers within `timeout` (readiness).
+    pub async fn ping_database(&self, timeout: Duration) -> Result<(), StoreError> {
+        self.store.ping(timeout).await
+    }
+
+    /// The database's kind (`sqlite`, `postgres`, `mysql`), for health answers and logs.
+    pub fn database(&self) -> &'static str {
+        self.store.backend()
+    }
+}
