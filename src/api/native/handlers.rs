@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::requests::{
     ActionRequest, BranchSpec, CreateRequest, ListQuery, RegisterRequest, identity, payload_text,
 };
-use super::views::{TxView, page_view};
+use super::views::{PageView, TxView, page_view, tx_view};
 use crate::api::AppState;
 use crate::api::error::ApiError;
 use crate::api::validate::{
@@ -173,7 +173,7 @@ pub(super) async fn create(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(TxView::new(&stored, None))).into_response())
+    Ok((status, Json(tx_view(&stored, None))).into_response())
 }
 
 pub(super) async fn register(
@@ -266,7 +266,7 @@ async fn operate(
     } else {
         stored
     };
-    Ok(Json(TxView::new(&stored, None)))
+    Ok(Json(tx_view(&stored, None)))
 }
 
 pub(super) async fn submit(
@@ -308,13 +308,13 @@ pub(super) async fn show(
     check_id("gid", "invalid_gid", &gid)?;
     let stored = app.engine.load(&gid).await?;
     let history = app.engine.history(&gid).await?;
-    Ok(Json(TxView::new(&stored, Some(history))))
+    Ok(Json(tx_view(&stored, Some(history))))
 }
 
 pub(super) async fn list(
     State(app): State<Arc<AppState>>,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PageView>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     let status = q
         .status

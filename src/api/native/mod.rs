@@ -17,7 +17,7 @@ mod views;
 
 use handlers::{abort, create, force_stop, list, register, retry, show, submit};
 pub use requests::OptionsRequest;
-pub use views::{BranchView, TxView, page_view};
+pub use views::{BranchView, PageView, TxView, page_view, tx_view};
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()

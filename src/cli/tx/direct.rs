@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::{BoxError, ListQuery, Operation};
 use crate::api::error::ApiError;
-use crate::api::native::{TxView, page_view};
+use crate::api::native::{page_view, tx_view};
 use crate::api::validate::{check_id, check_reason, decode_cursor};
 use crate::cli::redact;
 use crate::engine::{Engine, EngineConfig, EngineError, SystemClock};
@@ -96,7 +96,7 @@ impl Direct {
             .list(&filter)
             .await
             .map_err(|e| self.database_error(e.into()))?;
-        Ok(page_view(&page))
+        Ok(serde_json::to_value(page_view(&page))?)
     }
 
     pub(super) async fn show(&self, gid: &str) -> Result<Value, BoxError> {
@@ -111,7 +111,7 @@ impl Direct {
             .attempts(gid)
             .await
             .map_err(|e| self.database_error(e.into()))?;
-        Ok(serde_json::to_value(TxView::new(&stored, Some(history)))?)
+        Ok(serde_json::to_value(tx_view(&stored, Some(history)))?)
     }
 
     pub(super) async fn operate(
@@ -129,7 +129,7 @@ impl Direct {
             Operation::Abort => engine.abort(gid, reason).await,
         }
         .map_err(|e| self.engine_error(e))?;
-        Ok(serde_json::to_value(TxView::new(&stored, None))?)
+        Ok(serde_json::to_value(tx_view(&stored, None))?)
     }
 
     /// The engine's refusals as the API words them (`code: message`); database failures
