@@ -97,7 +97,13 @@ fn the_shared_sql_crate_depends_on_neither_side() {
     let tree = normal_tree("idem-sql");
     let names = names(&tree);
     assert!(names.contains(&"sqlx"), "{names:?}");
-    for forbidden in ["idem", "idem-participant", "idem-types", "idem-lab", "idem-demo"] {
+    for forbidden in [
+        "idem",
+        "idem-participant",
+        "idem-types",
+        "idem-lab",
+        "idem-demo",
+    ] {
         assert!(
             !names.contains(&forbidden),
             "idem-sql depends on {forbidden}"
