@@ -34,8 +34,13 @@ impl Backend {
     /// The backend of a connection URL, from its scheme (`sqlite:`, `postgres://`,
     /// `postgresql://`, `mysql://`, `mariadb://`; any case).
     pub fn from_url(url: &str) -> Option<Backend> {
-        let scheme = url.split(':').next()?.to_ascii_lowercase();
-        match scheme.as_str() {
+        Backend::from_name(url.split(':').next()?)
+    }
+
+    /// The backend a name or a URL scheme means: [`Backend::name`], `postgresql` or
+    /// `mariadb`, in any case (a `--backend` flag, a URL's scheme).
+    pub fn from_name(name: &str) -> Option<Backend> {
+        match name.to_ascii_lowercase().as_str() {
             "sqlite" => Some(Backend::Sqlite),
             "postgres" | "postgresql" => Some(Backend::Postgres),
             "mysql" | "mariadb" => Some(Backend::Mysql),
@@ -155,8 +160,12 @@ mod tests {
         for backend in Backend::ALL {
             let url = format!("{}://somewhere", backend.name());
             assert_eq!(Backend::from_url(&url), Some(backend));
+            assert_eq!(Backend::from_name(backend.name()), Some(backend));
             assert_eq!(backend.to_string(), backend.name());
         }
+        assert_eq!(Backend::from_name("MariaDB"), Some(Backend::Mysql));
+        assert_eq!(Backend::from_name("postgresql"), Some(Backend::Postgres));
+        assert_eq!(Backend::from_name("oracle"), None);
     }
 
     #[test]
