@@ -54,7 +54,14 @@ fn the_coordinator_links_no_lab_no_demo_and_no_test_support() {
         names.contains(&"tokio") && names.contains(&"sqlx"),
         "{names:?}"
     );
-    for forbidden in ["idem-lab", "idem-demo", "indicatif", "proptest"] {
+    // The store's SQL plumbing comes from idem-sql; the SDK is the participants' crate.
+    for forbidden in [
+        "idem-lab",
+        "idem-demo",
+        "idem-participant",
+        "indicatif",
+        "proptest",
+    ] {
         assert!(
             !names.contains(&forbidden),
             "idem depends on {forbidden}: {names:?}"
@@ -81,6 +88,26 @@ fn the_sdk_the_demo_and_the_client_do_not_depend_on_the_coordinator() {
                 "{package} depends on {forbidden}"
             );
         }
+    }
+}
+
+/// The SQL plumbing both sides share sits below both: it knows sqlx and tokio, not idem.
+#[test]
+fn the_shared_sql_crate_depends_on_neither_side() {
+    let tree = normal_tree("idem-sql");
+    let names = names(&tree);
+    assert!(names.contains(&"sqlx"), "{names:?}");
+    for forbidden in [
+        "idem",
+        "idem-participant",
+        "idem-types",
+        "idem-lab",
+        "idem-demo",
+    ] {
+        assert!(
+            !names.contains(&forbidden),
+            "idem-sql depends on {forbidden}"
+        );
     }
 }
 

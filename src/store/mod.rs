@@ -2,8 +2,9 @@
 //!
 //! One [`Store`] trait, one implementation per database. The logic common to all three
 //! lives once in [`sql::SqlStore`], generic over the sqlx database; what really differs
-//! (placeholders, how to claim due rows, how to start a write transaction) lives in one
-//! module per database.
+//! (how to claim due rows, writes in one statement, migrations, the clock) lives in one
+//! module per database, and the placeholders and the statement that begins a write come
+//! from the backend ([`idem_sql::Backend`], shared with the participant SDK).
 //!
 //! Invariants every implementation keeps:
 //! - a branch operation is stored once per (gid, branch_id, action): the primary key;
@@ -14,6 +15,8 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use idem_sql::Backend;
 
 use crate::core::{Branch, BranchKey, Kind, Millis, Status, Transaction};
 
@@ -255,32 +258,35 @@ impl Default for ConnectOptions {
 /// (MariaDB too). Does not migrate.
 pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Store>> {
     let max = options.max_branches.max(1);
-    if url.starts_with("sqlite:") {
-        // SQLite has one writer at a time: concurrent transactions share commits.
-        let store = Arc::new(sqlite::connect(url, options).await?.max_branches(max));
-        store.start_group_commit();
-        Ok(store)
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let suspicion = pools::Suspicion::default();
-        let store = postgres::connect(url, options, &suspicion)
-            .await?
-            .max_branches(max);
-        Ok(bounded(store, options, suspicion))
-    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-        let suspicion = pools::Suspicion::default();
-        let store = mysql::connect(url, options, &suspicion)
-            .await?
-            .max_branches(max);
-        Ok(bounded(store, options, suspicion))
-    } else {
-        Err(StoreError::UnsupportedUrl(url.to_owned()))
+    match Backend::from_url(url) {
+        Some(Backend::Sqlite) => {
+            // SQLite has one writer at a time: concurrent transactions share commits.
+            let store = Arc::new(sqlite::connect(url, options).await?.max_branches(max));
+            store.start_group_commit();
+            Ok(store)
+        }
+        Some(Backend::Postgres) => {
+            let suspicion = pools::Suspicion::default();
+            let store = postgres::connect(url, options, &suspicion)
+                .await?
+                .max_branches(max);
+            Ok(bounded(store, options, suspicion))
+        }
+        Some(Backend::Mysql) => {
+            let suspicion = pools::Suspicion::default();
+            let store = mysql::connect(url, options, &suspicion)
+                .await?
+                .max_branches(max);
+            Ok(bounded(store, options, suspicion))
+        }
+        None => Err(StoreError::UnsupportedUrl(url.to_owned())),
     }
 }
 
 /// Opens the store of a database that exists already; never creates one (an SQLite file
 /// that is not there is an error) and does not migrate. For the operator's commands.
 pub async fn connect_existing(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Store>> {
-    if url.starts_with("sqlite:") {
+    if Backend::from_url(url) == Some(Backend::Sqlite) {
         let store = Arc::new(sqlite::connect_existing(url, options).await?);
         store.start_group_commit();
         Ok(store)
@@ -291,7 +297,7 @@ pub async fn connect_existing(url: &str, options: &ConnectOptions) -> Result<Arc
 }
 
 /// A server database's store with its calls bounded, and its lean pool told of trouble.
-fn bounded<DB: sql::Dialect>(
+fn bounded<DB: sql::StoreDatabase>(
     store: sql::SqlStore<DB>,
     options: &ConnectOptions,
     suspicion: pools::Suspicion,

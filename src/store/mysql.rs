@@ -5,21 +5,19 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use idem_sql::{Backend, LeanPool};
 use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
-use sqlx::{Executor, MySql, Pool, Transaction};
-
-use idem_participant::LeanPool;
+use sqlx::{Executor, MySql, Pool};
 
 use super::pools::{self, Suspicion};
-use super::sql::{ACTIVE_STATUSES, Dialect, SqlStore};
+use super::sql::{ACTIVE_STATUSES, SqlStore, StoreDatabase};
 use super::{ConnectOptions, Lease, Result};
 use crate::core::Millis;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/mysql");
 
-impl Dialect for MySql {
-    const BACKEND: &'static str = "mysql";
-    const NUMBERED_PARAMETERS: bool = false;
+impl StoreDatabase for MySql {
+    const BACKEND: Backend = Backend::Mysql;
     // SYSDATE(3), not NOW(3): NOW() is the start of the statement's transaction.
     const NOW_MS: &'static str = "SELECT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)";
     const ON_DUPLICATE_DO_NOTHING: &'static str = "";
@@ -30,10 +28,6 @@ impl Dialect for MySql {
 
     fn rows_affected(result: &MySqlQueryResult) -> u64 {
         result.rows_affected()
-    }
-
-    fn begin_write(pool: &Pool<Self>) -> BoxFuture<'_, sqlx::Result<Transaction<'static, Self>>> {
-        pool.begin().boxed()
     }
 
     fn claim<'a>(

@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use idem_participant::LeanPoolOptions;
+use idem_sql::LeanPoolOptions;
 use sqlx::pool::PoolOptions;
 use sqlx::{Connection, Database};
 

@@ -4,16 +4,17 @@ use std::str::FromStr;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use idem_sql::{Backend, LeanPool};
 use sqlx::postgres::{PgConnectOptions, PgQueryResult};
-use sqlx::{Pool, Postgres, Transaction};
-
-use idem_participant::LeanPool;
+use sqlx::{Pool, Postgres};
 
 use super::pools::{self, Suspicion};
+use super::sql::binds::{
+    bind_attempt, bind_branch_insert, bind_branch_set, bind_global_insert, bind_global_update,
+};
 use super::sql::{
-    ACTIVE_STATUSES, BRANCH_COLUMNS, BRANCH_SET, BranchGroup, Dialect, GLOBAL_COLUMNS, GLOBAL_SET,
-    SqlStore, bind_attempt, bind_branch_insert, bind_branch_set, bind_global_insert,
-    bind_global_update, translate,
+    ACTIVE_STATUSES, BRANCH_COLUMNS, BRANCH_SET, BranchGroup, GLOBAL_COLUMNS, GLOBAL_SET, SqlStore,
+    StoreDatabase,
 };
 use super::{ConnectOptions, Guard, Lease, Result, Save, Saved};
 use crate::core::Millis;
@@ -22,9 +23,8 @@ type Tx = crate::core::Transaction;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
-impl Dialect for Postgres {
-    const BACKEND: &'static str = "postgres";
-    const NUMBERED_PARAMETERS: bool = true;
+impl StoreDatabase for Postgres {
+    const BACKEND: Backend = Backend::Postgres;
     // clock_timestamp(), not now(): now() is the start of the transaction.
     const NOW_MS: &'static str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
     // A caught unique violation would abort the whole PostgreSQL transaction.
@@ -36,10 +36,6 @@ impl Dialect for Postgres {
 
     fn rows_affected(result: &PgQueryResult) -> u64 {
         result.rows_affected()
-    }
-
-    fn begin_write(pool: &Pool<Self>) -> BoxFuture<'_, sqlx::Result<Transaction<'static, Self>>> {
-        pool.begin().boxed()
     }
 
     fn save_in_one_statement<'a>(
@@ -134,7 +130,7 @@ async fn save_with_ctes(
     }
     sql.push_str(" SELECT count(*) FROM g");
     let mut query = bind_global_update!(
-        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(translate(&sql, true))),
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(Postgres::BACKEND.rewrite(&sql))),
         save
     );
     for group in groups {
@@ -178,7 +174,7 @@ async fn create_with_ctes(
     let options = serde_json::to_string(&tx.options)
         .map_err(|e| super::StoreError::Corrupt(e.to_string()))?;
     let mut query = bind_global_insert!(
-        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(translate(&sql, true))),
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(Postgres::BACKEND.rewrite(&sql))),
         tx,
         request_hash,
         options,

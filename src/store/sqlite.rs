@@ -6,21 +6,21 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use idem_sql::Backend;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteQueryResult,
     SqliteSynchronous,
 };
-use sqlx::{Pool, Sqlite, Transaction};
+use sqlx::{Pool, Sqlite};
 
-use super::sql::{ACTIVE_STATUSES, Dialect, SqlStore};
+use super::sql::{ACTIVE_STATUSES, SqlStore, StoreDatabase};
 use super::{ConnectOptions, Lease, Result};
 use crate::core::Millis;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
-impl Dialect for Sqlite {
-    const BACKEND: &'static str = "sqlite";
-    const NUMBERED_PARAMETERS: bool = false;
+impl StoreDatabase for Sqlite {
+    const BACKEND: Backend = Backend::Sqlite;
     // SQLite runs in this process: its clock is the host's, shared by every process that
     // can open the same file.
     const NOW_MS: &'static str =
@@ -33,14 +33,6 @@ impl Dialect for Sqlite {
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {
         result.rows_affected()
-    }
-
-    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
-
-    fn begin_write(pool: &Pool<Self>) -> BoxFuture<'_, sqlx::Result<Transaction<'static, Self>>> {
-        // Taking the write lock up front: a deferred transaction that reads first and
-        // writes later can fail with SQLITE_BUSY when another writer got in between.
-        pool.begin_with("BEGIN IMMEDIATE").boxed()
     }
 
     fn claim<'a>(
@@ -58,7 +50,7 @@ impl Dialect for Sqlite {
                    ORDER BY next_attempt_at LIMIT ?) \
                  RETURNING gid"
             );
-            let mut db = Self::begin_write(&store.pool).await?;
+            let mut db = Self::BACKEND.begin(&store.pool).await?;
             let gids = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
                 .bind(&lease.token)
                 .bind(lease.until)

@@ -7,6 +7,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use idem_participant::testing::TestBackend;
+
 pub struct PrivatePostgres {
     pub port: u16,
     dir: PathBuf,

@@ -11,7 +11,7 @@ use std::pin::Pin;
 
 use sqlx::{AssertSqlSafe, Database, Pool, Row};
 
-use crate::dialect::Dialect;
+use idem_sql::Backend;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -31,11 +31,11 @@ pub(crate) mod sealed {
 
     /// The primitives. Private, so that [`BarrierDatabase`] can only be implemented here.
     pub trait Ops: Database {
-        fn pool_dialect(pool: &Pool<Self>) -> Dialect {
+        fn pool_dialect(pool: &Pool<Self>) -> Backend {
             Self::options_dialect(pool.connect_options().as_ref())
         }
-        fn options_dialect(options: &<Self::Connection as sqlx::Connection>::Options) -> Dialect;
-        fn conn_dialect(conn: &Self::Connection) -> Dialect;
+        fn options_dialect(options: &<Self::Connection as sqlx::Connection>::Options) -> Backend;
+        fn conn_dialect(conn: &Self::Connection) -> Backend;
         /// Runs a fixed statement without preparing it (BEGIN, COMMIT, ROLLBACK).
         fn exec_unprepared<'c>(
             conn: &'c mut Self::Connection,
@@ -61,7 +61,7 @@ pub(crate) mod sealed {
 /// one of those from the connection URL at run time).
 ///
 /// A participant that must run on any of the three with one binary uses `sqlx::Any` and
-/// [`crate::Dialect::sql`] for its own statements; one that targets a single database can
+/// [`crate::Backend::sql`] for its own statements; one that targets a single database can
 /// use that backend's typed pool directly.
 pub trait BarrierDatabase: sealed::Ops {}
 
@@ -70,11 +70,11 @@ macro_rules! impl_barrier_database {
         impl sealed::Ops for $db {
             fn options_dialect(
                 $options: &<<Self as Database>::Connection as sqlx::Connection>::Options,
-            ) -> Dialect {
+            ) -> Backend {
                 $options_dialect
             }
 
-            fn conn_dialect($conn: &<Self as Database>::Connection) -> Dialect {
+            fn conn_dialect($conn: &<Self as Database>::Connection) -> Backend {
                 $conn_dialect
             }
 
@@ -137,19 +137,19 @@ macro_rules! impl_barrier_database {
     };
 }
 
-impl_barrier_database!(sqlx::Sqlite, |_options| Dialect::Sqlite, |_conn| {
-    Dialect::Sqlite
+impl_barrier_database!(sqlx::Sqlite, |_options| Backend::Sqlite, |_conn| {
+    Backend::Sqlite
 });
-impl_barrier_database!(sqlx::Postgres, |_options| Dialect::Postgres, |_conn| {
-    Dialect::Postgres
+impl_barrier_database!(sqlx::Postgres, |_options| Backend::Postgres, |_conn| {
+    Backend::Postgres
 });
-impl_barrier_database!(sqlx::MySql, |_options| Dialect::Mysql, |_conn| {
-    Dialect::Mysql
+impl_barrier_database!(sqlx::MySql, |_options| Backend::Mysql, |_conn| {
+    Backend::Mysql
 });
 impl_barrier_database!(
     sqlx::Any,
-    |options| Dialect::from_url(options.database_url.as_str())
+    |options| Backend::from_url(options.database_url.as_str())
         .expect("sqlx::Any only connects to sqlite, postgres and mysql URLs"),
-    |conn| Dialect::from_backend_name(conn.backend_name())
+    |conn| Backend::from_backend_name(conn.backend_name())
         .expect("sqlx::Any backend is one of SQLite, PostgreSQL, MySQL")
 );

@@ -95,8 +95,8 @@ use serde::de::DeserializeOwned;
 use sqlx::Transaction;
 
 use crate::backend::BarrierDatabase;
-use crate::dialect::Dialect;
 use crate::error::ParticipantError;
+use idem_sql::Backend;
 use rows::{
     Existing, Prerequisite, Read, fetch_row, insert_if_absent, interpret_existing,
     interpret_prerequisite, outcome_col, set_outcome,
@@ -266,7 +266,7 @@ impl Barrier {
     async fn attempt<S, T, F, Fut>(
         barrier: &Arc<Barrier>,
         pool: &S,
-        dialect: Dialect,
+        dialect: Backend,
         step: &mut F,
     ) -> Result<Outcome<T>, ParticipantError>
     where
@@ -342,7 +342,7 @@ impl Barrier {
     async fn guarded<'t, DB, T, F, Fut>(
         this: &Arc<Barrier>,
         slot: &Shared<'t, DB>,
-        dialect: Dialect,
+        dialect: Backend,
         step: &mut F,
     ) -> Result<Outcome<T>, ParticipantError>
     where
@@ -446,7 +446,7 @@ impl Barrier {
 /// is in the module documentation.
 async fn check_prerequisite<DB: BarrierDatabase>(
     conn: &mut DB::Connection,
-    dialect: Dialect,
+    dialect: Backend,
     barrier: &Barrier,
     prerequisite: Op,
 ) -> Result<(), ParticipantError> {

@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use crate::dialect::Dialect;
+use idem_sql::Backend;
 
 /// Why a branch step did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +104,7 @@ impl ParticipantError {
 
     /// True when the error is a lock conflict that a fresh attempt of the whole local
     /// transaction resolves (deadlock, serialization failure, busy database).
-    pub(crate) fn is_retryable_conflict(&self, dialect: Dialect) -> bool {
+    pub(crate) fn is_retryable_conflict(&self, dialect: Backend) -> bool {
         match self {
             ParticipantError::Database(e) => classify(dialect, e) == DbErrorKind::Conflict,
             _ => false,
@@ -124,12 +124,12 @@ pub(crate) enum DbErrorKind {
 }
 
 /// Sorts a database error by the backend's error code.
-pub(crate) fn classify(dialect: Dialect, error: &sqlx::Error) -> DbErrorKind {
+pub(crate) fn classify(dialect: Backend, error: &sqlx::Error) -> DbErrorKind {
     let sqlx::Error::Database(db) = error else {
         return DbErrorKind::Other;
     };
     match dialect {
-        Dialect::Mysql => {
+        Backend::Mysql => {
             // MySQL's SQLSTATE is too coarse (23000 covers every integrity error), so go by
             // the error number.
             match db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
@@ -137,8 +137,8 @@ pub(crate) fn classify(dialect: Dialect, error: &sqlx::Error) -> DbErrorKind {
                 None => DbErrorKind::Other,
             }
         }
-        Dialect::Postgres => classify_postgres(db.code().as_deref().unwrap_or("")),
-        Dialect::Sqlite => classify_sqlite(
+        Backend::Postgres => classify_postgres(db.code().as_deref().unwrap_or("")),
+        Backend::Sqlite => classify_sqlite(
             db.code()
                 .unwrap_or(Cow::Borrowed(""))
                 .parse::<i64>()

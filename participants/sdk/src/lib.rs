@@ -37,12 +37,14 @@
 
 pub mod backend;
 pub mod barrier;
-pub mod dialect;
 pub mod error;
 #[cfg(feature = "axum")]
 pub mod http;
-pub mod pool;
 pub mod schema;
+
+/// The lean pool lives in `idem-sql`, shared with the coordinator; re-exported here so that
+/// participants need only this crate.
+pub use idem_sql::pool;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -52,11 +54,14 @@ pub use barrier::{
     Barrier, DEFAULT_TABLE, InvalidCall, MSG_BRANCH_ID, Op, OpenedStep, Outcome, RetryPolicy,
     StepConnections, StepTx, TransType,
 };
-pub use dialect::Dialect;
 pub use error::ParticipantError;
 #[cfg(feature = "axum")]
 pub use http::{BranchCall, Payload};
-pub use pool::{LeanPool, LeanPoolOptions, Leased};
+/// Which database a participant runs on, shared with the coordinator (`idem-sql`).
+pub use idem_sql::Backend;
+/// [`Backend`] under the SDK's former name: `Dialect::from_url`, `tx.dialect().sql(..)`.
+pub use idem_sql::Backend as Dialect;
+pub use idem_sql::{LeanPool, LeanPoolOptions, Leased, Placeholders, rewrite_placeholders};
 pub use schema::{
     BarrierRecord, MsgState, barrier_ddl, barrier_records, barrier_records_in,
     create_barrier_table, create_barrier_table_named, purge_barriers, query_prepared,
@@ -75,7 +80,7 @@ use sqlx::any::AnyPoolOptions;
 /// writer. Use a file: every connection to `sqlite::memory:` is a separate database.
 pub async fn connect(url: &str, max_connections: u32) -> Result<AnyPool, sqlx::Error> {
     sqlx::any::install_default_drivers();
-    let dialect = Dialect::from_url(url).ok_or_else(|| {
+    let backend = Backend::from_url(url).ok_or_else(|| {
         sqlx::Error::Configuration(
             format!("unsupported database URL `{url}`: use sqlite:, postgres:// or mysql://")
                 .into(),
@@ -89,7 +94,7 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<AnyPool, sqlx::E
         .acquire_timeout(Duration::from_secs(30))
         .connect(url)
         .await?;
-    if dialect == Dialect::Sqlite {
+    if backend == Backend::Sqlite {
         sqlx::raw_sql("PRAGMA journal_mode = WAL")
             .execute(&pool)
             .await?;

@@ -7,8 +7,8 @@ use sqlx::Pool;
 
 use crate::backend::{Arg, BarrierDatabase};
 use crate::barrier::{Barrier, DEFAULT_TABLE, MSG_BRANCH_ID, Op, check_table_name};
-use crate::dialect::Dialect;
 use crate::error::{DbErrorKind, ParticipantError, classify};
+use idem_sql::Backend;
 
 const SQLITE_DDL: &str = include_str!("../sql/barrier.sqlite.sql");
 const POSTGRES_DDL: &str = include_str!("../sql/barrier.postgres.sql");
@@ -16,12 +16,12 @@ const MYSQL_DDL: &str = include_str!("../sql/barrier.mysql.sql");
 
 /// The DDL of the barrier table (the files in `participants/sdk/sql/`) for `dialect`,
 /// under the table name `table`, split into statements.
-pub fn barrier_ddl(dialect: Dialect, table: &str) -> Result<Vec<String>, String> {
+pub fn barrier_ddl(dialect: Backend, table: &str) -> Result<Vec<String>, String> {
     check_table_name(table)?;
     let text = match dialect {
-        Dialect::Sqlite => SQLITE_DDL,
-        Dialect::Postgres => POSTGRES_DDL,
-        Dialect::Mysql => MYSQL_DDL,
+        Backend::Sqlite => SQLITE_DDL,
+        Backend::Postgres => POSTGRES_DDL,
+        Backend::Mysql => MYSQL_DDL,
     };
     Ok(split_sql_script(text)
         .into_iter()
@@ -153,9 +153,9 @@ pub async fn purge_barriers<DB: BarrierDatabase>(
     check_table_name(table).map_err(|e| sqlx::Error::Configuration(e.into()))?;
     let dialect = DB::pool_dialect(pool);
     let cutoff = match dialect {
-        Dialect::Postgres => "now() - make_interval(secs => CAST(? AS DOUBLE PRECISION))",
-        Dialect::Mysql => "NOW(3) - INTERVAL ? SECOND",
-        Dialect::Sqlite => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%d seconds', ?))",
+        Backend::Postgres => "now() - make_interval(secs => CAST(? AS DOUBLE PRECISION))",
+        Backend::Mysql => "NOW(3) - INTERVAL ? SECOND",
+        Backend::Sqlite => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%d seconds', ?))",
     };
     let sql = format!("DELETE FROM {table} WHERE created_at < {cutoff}");
     let secs = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
@@ -200,17 +200,14 @@ pub async fn query_prepared<DB: BarrierDatabase>(
 
 async fn query_prepared_once<DB: BarrierDatabase>(
     pool: &Pool<DB>,
-    dialect: Dialect,
+    dialect: Backend,
     barrier: &Barrier,
 ) -> Result<MsgState, ParticipantError> {
-    let mut tx = match dialect.begin_statement() {
-        Some(statement) => pool.begin_with(statement).await?,
-        None => pool.begin().await?,
-    };
+    let mut tx = dialect.begin(pool).await?;
     let table = barrier.table();
     let columns = "(trans_type, gid, branch_id, op, barrier_id, reason, outcome) VALUES (?, ?, ?, ?, ?, ?, ?)";
     let insert = match dialect {
-        Dialect::Mysql => format!("INSERT INTO {table} {columns}"),
+        Backend::Mysql => format!("INSERT INTO {table} {columns}"),
         _ => format!(
             "INSERT INTO {table} {columns} ON CONFLICT (gid, branch_id, op, barrier_id) DO NOTHING"
         ),
@@ -227,7 +224,7 @@ async fn query_prepared_once<DB: BarrierDatabase>(
     let inserted = match DB::exec(&mut tx, dialect.rewrite(&insert), args).await {
         Ok(n) => n == 1,
         Err(e)
-            if dialect == Dialect::Mysql
+            if dialect == Backend::Mysql
                 && classify(dialect, &e) == DbErrorKind::UniqueViolation =>
         {
             false
@@ -237,7 +234,7 @@ async fn query_prepared_once<DB: BarrierDatabase>(
     let state = if inserted {
         MsgState::RolledBack
     } else {
-        let lock = if dialect == Dialect::Mysql {
+        let lock = if dialect == Backend::Mysql {
             " LOCK IN SHARE MODE"
         } else {
             ""
@@ -277,18 +274,18 @@ mod tests {
 
     #[test]
     fn ddl_splits_into_statements_for_each_dialect() {
-        let sqlite = barrier_ddl(Dialect::Sqlite, DEFAULT_TABLE).unwrap();
+        let sqlite = barrier_ddl(Backend::Sqlite, DEFAULT_TABLE).unwrap();
         assert_eq!(sqlite.len(), 2);
         assert!(sqlite[0].starts_with("CREATE TABLE IF NOT EXISTS idem_barrier ("));
         assert!(sqlite[1].starts_with("CREATE INDEX IF NOT EXISTS idem_barrier_created_at"));
         assert_eq!(
-            barrier_ddl(Dialect::Postgres, DEFAULT_TABLE).unwrap().len(),
+            barrier_ddl(Backend::Postgres, DEFAULT_TABLE).unwrap().len(),
             2
         );
-        let mysql = barrier_ddl(Dialect::Mysql, DEFAULT_TABLE).unwrap();
+        let mysql = barrier_ddl(Backend::Mysql, DEFAULT_TABLE).unwrap();
         assert_eq!(mysql.len(), 1);
         assert!(mysql[0].contains("utf8mb4_bin"));
-        for dialect in Dialect::ALL {
+        for dialect in Backend::ALL {
             for stmt in barrier_ddl(dialect, DEFAULT_TABLE).unwrap() {
                 assert!(!stmt.ends_with(';'), "{stmt}");
                 assert!(!stmt.contains("--"), "{stmt}");
@@ -298,19 +295,19 @@ mod tests {
 
     #[test]
     fn ddl_takes_a_table_name() {
-        let ddl = barrier_ddl(Dialect::Postgres, "orders_barrier")
+        let ddl = barrier_ddl(Backend::Postgres, "orders_barrier")
             .unwrap()
             .join("\n");
         assert!(ddl.contains("CREATE TABLE IF NOT EXISTS orders_barrier ("));
         assert!(ddl.contains("orders_barrier_uniq"));
         assert!(ddl.contains("orders_barrier_created_at ON orders_barrier"));
         assert!(!ddl.contains("idem_barrier"));
-        assert!(barrier_ddl(Dialect::Postgres, "x; DROP TABLE y").is_err());
+        assert!(barrier_ddl(Backend::Postgres, "x; DROP TABLE y").is_err());
     }
 
     #[test]
     fn every_ddl_has_the_unique_key() {
-        for dialect in Dialect::ALL {
+        for dialect in Backend::ALL {
             let ddl = barrier_ddl(dialect, DEFAULT_TABLE).unwrap().join("\n");
             assert!(
                 ddl.contains("(gid, branch_id, op, barrier_id)"),

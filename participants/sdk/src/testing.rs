@@ -9,7 +9,6 @@
 //! without the servers sets `IDEM_TEST_SKIP=postgres,mysql`; each skipped test then prints
 //! that it was skipped.
 
-use std::fmt;
 use std::path::PathBuf;
 
 use sqlx::Connection;
@@ -17,27 +16,21 @@ use sqlx::Connection;
 pub mod proxy;
 pub use proxy::TcpProxy;
 
-/// The database backends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-    Mysql,
+/// The database backends: idem's one backend enum, re-exported for tests.
+pub use idem_sql::Backend;
+
+/// What a test needs to know of a backend beyond the enum: where its server is and whether
+/// the developer skips it.
+pub trait TestBackend {
+    /// The URL of the server's maintenance database, where test databases are created.
+    fn admin_url(self) -> Option<String>;
+
+    /// True when the developer asked to skip this backend. Prints a line saying so.
+    fn skipped(self, test: &str) -> bool;
 }
 
-impl Backend {
-    pub const ALL: [Backend; 3] = [Backend::Sqlite, Backend::Postgres, Backend::Mysql];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Sqlite => "sqlite",
-            Backend::Postgres => "postgres",
-            Backend::Mysql => "mysql",
-        }
-    }
-
-    /// The URL of the server's maintenance database, where test databases are created.
-    pub fn admin_url(self) -> Option<String> {
+impl TestBackend for Backend {
+    fn admin_url(self) -> Option<String> {
         match self {
             Backend::Sqlite => None,
             Backend::Postgres => {
@@ -52,8 +45,7 @@ impl Backend {
         }
     }
 
-    /// True when the developer asked to skip this backend. Prints a line saying so.
-    pub fn skipped(self, test: &str) -> bool {
+    fn skipped(self, test: &str) -> bool {
         let skip = std::env::var("IDEM_TEST_SKIP").unwrap_or_default();
         let skipped = skip
             .split(',')
@@ -62,12 +54,6 @@ impl Backend {
             println!("SKIPPED {test} on {}: IDEM_TEST_SKIP names it", self.name());
         }
         skipped
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 

@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use idem_participant::testing::{Backend, TcpProxy};
+use idem_participant::testing::{Backend, TcpProxy, TestBackend};
 use idem_participant::{LeanPool, LeanPoolOptions};
 use sqlx::Any;
 use sqlx::any::AnyConnectOptions;

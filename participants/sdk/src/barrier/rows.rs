@@ -3,8 +3,8 @@
 //! Confirm's Try row means to the Confirm.
 
 use crate::backend::{Arg, BarrierDatabase};
-use crate::dialect::Dialect;
 use crate::error::{DbErrorKind, ParticipantError, classify};
+use idem_sql::Backend;
 
 use super::{Barrier, Op};
 
@@ -91,7 +91,7 @@ pub(crate) fn interpret_prerequisite(prerequisite: Op, row: Option<(&str, &str)>
 /// Inserts the barrier row of `op` unless it exists; true when this call inserted it.
 pub(super) async fn insert_if_absent<DB: BarrierDatabase>(
     conn: &mut DB::Connection,
-    dialect: Dialect,
+    dialect: Backend,
     barrier: &Barrier,
     op: Op,
     reason: &str,
@@ -99,11 +99,11 @@ pub(super) async fn insert_if_absent<DB: BarrierDatabase>(
 ) -> Result<bool, ParticipantError> {
     let columns = "(trans_type, gid, branch_id, op, barrier_id, reason, outcome) VALUES (?, ?, ?, ?, ?, ?, ?)";
     let sql = match dialect {
-        Dialect::Postgres | Dialect::Sqlite => format!(
+        Backend::Postgres | Backend::Sqlite => format!(
             "INSERT INTO {} {columns} ON CONFLICT (gid, branch_id, op, barrier_id) DO NOTHING",
             barrier.table
         ),
-        Dialect::Mysql => format!("INSERT INTO {} {columns}", barrier.table),
+        Backend::Mysql => format!("INSERT INTO {} {columns}", barrier.table),
     };
     let args = vec![
         Arg::Text(barrier.trans_type.as_str().into()),
@@ -117,7 +117,7 @@ pub(super) async fn insert_if_absent<DB: BarrierDatabase>(
     match DB::exec(conn, dialect.rewrite(&sql), args).await {
         Ok(n) => Ok(n == 1),
         Err(e)
-            if dialect == Dialect::Mysql
+            if dialect == Backend::Mysql
                 && classify(dialect, &e) == DbErrorKind::UniqueViolation =>
         {
             Ok(false)
@@ -129,7 +129,7 @@ pub(super) async fn insert_if_absent<DB: BarrierDatabase>(
 /// Records how this call's own row ended (it was inserted as `running`).
 pub(super) async fn set_outcome<DB: BarrierDatabase>(
     conn: &mut DB::Connection,
-    dialect: Dialect,
+    dialect: Backend,
     barrier: &Barrier,
     outcome: &str,
     result: Option<String>,
@@ -171,7 +171,7 @@ pub(super) enum Read {
 /// Reads (reason, outcome, result) of the barrier row of `op`.
 pub(super) async fn fetch_row<DB: BarrierDatabase>(
     conn: &mut DB::Connection,
-    dialect: Dialect,
+    dialect: Backend,
     barrier: &Barrier,
     op: Op,
     read: Read,
@@ -183,7 +183,7 @@ pub(super) async fn fetch_row<DB: BarrierDatabase>(
     // shared lock on it, so this locks nothing new. On a row that may be missing, a locking
     // read would lock the gap where it would go instead, so `Read::Plain` never locks.
     let lock = match (dialect, read) {
-        (Dialect::Mysql, Read::Collided) => " LOCK IN SHARE MODE",
+        (Backend::Mysql, Read::Collided) => " LOCK IN SHARE MODE",
         _ => "",
     };
     let sql = format!(

@@ -10,8 +10,8 @@ use sqlx::{AssertSqlSafe, Database, Pool, Transaction};
 
 use super::{Barrier, Op, TransType};
 use crate::backend::BarrierDatabase;
-use crate::dialect::Dialect;
 use crate::pool::{LeanPool, Leased};
+use idem_sql::Backend;
 
 /// Where the step's connection lives: a transaction the barrier opened and will commit
 /// ([`Barrier::run`], on a `sqlx::Pool` or on a [`LeanPool`] connection), or the caller's
@@ -58,7 +58,7 @@ pub trait StepConnections: Sync {
     type Database: BarrierDatabase;
 
     /// The SQL dialect of the database behind it.
-    fn dialect(&self) -> Dialect;
+    fn dialect(&self) -> Backend;
 
     /// Takes a connection and begins a transaction on it (with `begin`, if given, instead of
     /// the backend's default statement).
@@ -71,7 +71,7 @@ pub trait StepConnections: Sync {
 impl<DB: BarrierDatabase> StepConnections for Pool<DB> {
     type Database = DB;
 
-    fn dialect(&self) -> Dialect {
+    fn dialect(&self) -> Backend {
         DB::pool_dialect(self)
     }
 
@@ -87,7 +87,7 @@ impl<DB: BarrierDatabase> StepConnections for Pool<DB> {
 impl<DB: BarrierDatabase> StepConnections for LeanPool<DB> {
     type Database = DB;
 
-    fn dialect(&self) -> Dialect {
+    fn dialect(&self) -> Backend {
         DB::options_dialect(self.connect_options())
     }
 
@@ -110,7 +110,7 @@ pub(super) type Shared<'t, DB> = Arc<tokio::sync::Mutex<Slot<'t, DB>>>;
 /// future; the barrier needs the transaction back to commit it.
 pub struct StepTx<'t, DB: Database> {
     pub(super) slot: Shared<'t, DB>,
-    pub(super) dialect: Dialect,
+    pub(super) dialect: Backend,
     pub(super) barrier: Arc<Barrier>,
 }
 
@@ -153,7 +153,7 @@ impl<'t, DB: Database> StepTx<'t, DB> {
         }
     }
 
-    pub fn dialect(&self) -> Dialect {
+    pub fn dialect(&self) -> Backend {
         self.dialect
     }
 

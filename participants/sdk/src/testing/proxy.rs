@@ -12,6 +12,7 @@
 
 use std::net::SocketAddr;
 
+use idem_sql::Backend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
@@ -191,7 +192,7 @@ fn host_port(url: &str) -> Option<(&str, u16)> {
     let host = authority.rsplit('@').next()?;
     let port = match host.rsplit_once(':') {
         Some((_, port)) => port.parse().ok()?,
-        None if scheme.starts_with("postgres") => 5432,
+        None if Backend::from_name(scheme) == Some(Backend::Postgres) => 5432,
         None => 3306,
     };
     Some((authority, port))

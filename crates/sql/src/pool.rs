@@ -2,10 +2,10 @@
 //!
 //! `sqlx::Pool` pings every connection when it is released (a `Sync` round trip on
 //! PostgreSQL, a `COM_PING` on MySQL), to flush a rollback left by a future that was dropped
-//! mid-statement. For a step that is one short transaction, that is one more round trip for
-//! every transaction, paid by the participant and by the database server: measured on the
-//! project's 2-core machine, removing it raised `idem bench --workload tcc` on PostgreSQL
-//! by about a quarter.
+//! mid-statement. For a participant's step or a coordinator's write that is one short
+//! transaction, that is one more round trip for every transaction, paid by the client and by
+//! the database server: measured on the project's 2-core machine, removing it raised
+//! `idem-lab bench --workload tcc` on PostgreSQL by about a quarter.
 //!
 //! [`LeanPool`] gets the same safety differently: a [`Leased`] connection goes back to the
 //! pool only when its user said the work on it finished cleanly ([`Leased::keep`]). An

@@ -1,0 +1,129 @@
+//! The store logic shared by every database, written once over sqlx's generic traits.
+//!
+//! SQL is written with `?` placeholders and rewritten for the database's placeholder style
+//! ([`idem_sql::Backend`]) when the store is opened. What differs between databases beyond
+//! that is behind [`StoreDatabase`].
+//!
+//! - `statements.rs`: the SQL texts; `binds.rs`: their bind values, in statement order;
+//! - `rows.rs`: the rows as stored, their mapping to the core's types, and the loads;
+//! - `writes.rs`: creates, saves and registrations' inserts inside a write transaction;
+//! - `group_commit.rs`: concurrent writes queued for one writer task and shared commits;
+//! - `store_impl.rs`: the [`Store`] trait on top of them.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use idem_sql::{Backend, LeanPool};
+use sqlx::{Database, Pool};
+
+use super::{Lease, Result, Save, Saved};
+use crate::core::{Millis, Transaction};
+
+pub(crate) mod binds;
+mod group_commit;
+mod rows;
+mod statements;
+mod store_impl;
+mod writes;
+
+pub use rows::{BranchRow, GlobalRow};
+pub use statements::Statements;
+pub(super) use statements::{
+    ACTIVE_STATUSES, BRANCH_COLUMNS, BRANCH_SET, GLOBAL_COLUMNS, GLOBAL_SET,
+};
+pub use writes::{BranchGroup, branch_groups};
+
+/// What a database does its own way.
+pub trait StoreDatabase: Database + Sized {
+    /// Which database this is: its name, its placeholders, how it begins a write.
+    const BACKEND: Backend;
+    /// Appended to inserts that may hit an existing key. PostgreSQL and SQLite skip the
+    /// row; MySQL has no clause that only ignores duplicate keys without also making the
+    /// affected-rows count ambiguous, so it reports the duplicate as an error, which
+    /// MySQL (unlike PostgreSQL) does not let abort the transaction.
+    const ON_DUPLICATE_DO_NOTHING: &'static str;
+
+    /// Applies this database's migrations (`migrations/<backend>/`).
+    fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>>;
+
+    /// sqlx has no database-neutral accessor for the affected-row count.
+    fn rows_affected(result: &Self::QueryResult) -> u64;
+
+    /// Reads the database's clock as epoch milliseconds (one BIGINT column).
+    const NOW_MS: &'static str;
+
+    /// A database that can store a whole save in one statement (PostgreSQL's
+    /// data-modifying CTEs) does it here; `None` means: use a transaction.
+    fn save_in_one_statement<'a>(
+        _store: &'a SqlStore<Self>,
+        _save: &'a Save<'a>,
+        _groups: &'a [BranchGroup<'a>],
+    ) -> Option<BoxFuture<'a, Result<Saved>>> {
+        None
+    }
+
+    /// Likewise for creating a transaction with its branches.
+    fn create_in_one_statement<'a>(
+        _store: &'a SqlStore<Self>,
+        _tx: &'a Transaction,
+        _request_hash: &'a str,
+        _lease: Option<&'a Lease>,
+    ) -> Option<BoxFuture<'a, Result<bool>>> {
+        None
+    }
+
+    /// Claims due rows for `lease` and returns their gids.
+    fn claim<'a>(
+        store: &'a SqlStore<Self>,
+        lease: &'a Lease,
+        now: Millis,
+        limit: u32,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<String>>>;
+}
+
+/// The store for one database.
+pub struct SqlStore<DB: StoreDatabase> {
+    pub pool: Pool<DB>,
+    /// Connections for the hot single-statement writes (PostgreSQL's create and save),
+    /// handed back without the round trip `sqlx::Pool` spends on every release.
+    pub lean: Option<LeanPool<DB>>,
+    pub sql: Statements,
+    /// What a readiness check looks at beyond `SELECT 1` answering (SQLite: its file).
+    pub ready_check: Option<Box<dyn Fn() -> Result<()> + Send + Sync>>,
+    /// Set by [`SqlStore::start_group_commit`]: writes go through one writer task.
+    batch: std::sync::OnceLock<tokio::sync::mpsc::Sender<group_commit::Job>>,
+    /// See [`super::ConnectOptions::max_branches`].
+    max_branches: usize,
+}
+
+impl<DB: StoreDatabase> SqlStore<DB> {
+    pub fn new(pool: Pool<DB>) -> Self {
+        SqlStore {
+            pool,
+            lean: None,
+            ready_check: None,
+            sql: Statements::new(DB::BACKEND, DB::ON_DUPLICATE_DO_NOTHING),
+            batch: std::sync::OnceLock::new(),
+            max_branches: super::DEFAULT_MAX_BRANCHES,
+        }
+    }
+
+    /// Sets how many branches [`super::Store::register`] lets one transaction hold.
+    pub fn max_branches(mut self, max: usize) -> Self {
+        self.max_branches = max;
+        self
+    }
+}
+
+fn q<DB: Database>(sql: &Arc<str>) -> sqlx::query::Query<'static, DB, DB::Arguments> {
+    sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .is_some_and(|d| d.is_unique_violation())
+}
+
+fn saved_if(rows: u64) -> Saved {
+    if rows == 0 { Saved::Lost } else { Saved::Saved }
+}
