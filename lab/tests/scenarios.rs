@@ -18,12 +18,7 @@ async fn run_file(name: &str) {
         scenario
             .backends
             .iter()
-            .map(|b| match b.as_str() {
-                "sqlite" => Backend::Sqlite,
-                "postgres" => Backend::Postgres,
-                "mysql" => Backend::Mysql,
-                other => panic!("{name}: unknown backend {other}"),
-            })
+            .map(|b| Backend::from_name(b).unwrap_or_else(|| panic!("{name}: unknown backend {b}")))
             .collect()
     };
     for backend in backends {

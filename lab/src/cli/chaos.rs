@@ -135,11 +135,16 @@ pub(super) async fn chaos(args: ChaosArgs) -> Result<(), BoxError> {
     let mut run = RunConfig::sqlite(std::env::current_exe()?, work_dir.clone());
     run.progress = true;
     run.db_restart_command.clone_from(&restart_command);
-    let backend = match args.backend.as_str() {
-        "sqlite" => None,
-        "postgres" => Some(Backend::Postgres),
-        "mysql" => Some(Backend::Mysql),
-        other => return Err(format!("unknown backend {other}: sqlite, postgres or mysql").into()),
+    let backend = match Backend::from_name(&args.backend) {
+        Some(Backend::Sqlite) => None,
+        Some(server) => Some(server),
+        None => {
+            return Err(format!(
+                "unknown backend {}: sqlite, postgres or mysql",
+                args.backend
+            )
+            .into());
+        }
     };
     let mut databases = Vec::new();
     if let Some(backend) = backend {

@@ -137,7 +137,9 @@ async fn run(command: &str, log: &Path) -> Result<(), String> {
 
 /// How long the database server has been up, in seconds.
 async fn uptime(url: &str) -> Result<f64, sqlx::Error> {
-    if url.starts_with("postgres") {
+    if idem_participant::testing::Backend::from_url(url)
+        == Some(idem_participant::testing::Backend::Postgres)
+    {
         let mut conn = sqlx::PgConnection::connect(url).await?;
         let up: f64 = sqlx::query_scalar(
             "SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8",

@@ -152,7 +152,7 @@ fn api_error(e: ApiError) -> BoxError {
 
 /// The file an `sqlite:` URL names; `None` for other databases and in-memory ones.
 fn sqlite_file(url: &str) -> Result<Option<PathBuf>, BoxError> {
-    if !url.starts_with("sqlite:") {
+    if idem_sql::Backend::from_url(url) != Some(idem_sql::Backend::Sqlite) {
         return Ok(None);
     }
     let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
