@@ -179,23 +179,28 @@ impl Barrier {
         Ok(self)
     }
 
+    /// Retries lock conflicts by `retry` instead of the default.
     pub fn with_retry(mut self, retry: RetryPolicy) -> Barrier {
         self.retry = retry;
         self
     }
 
+    /// The transaction kind named by the call.
     pub fn trans_type(&self) -> TransType {
         self.trans_type
     }
 
+    /// The global transaction's id.
     pub fn gid(&self) -> &str {
         &self.gid
     }
 
+    /// The branch within it.
     pub fn branch_id(&self) -> &str {
         &self.branch_id
     }
 
+    /// The operation this call performs.
     pub fn op(&self) -> Op {
         self.op
     }
@@ -205,6 +210,7 @@ impl Barrier {
         format!("{:02}", self.step)
     }
 
+    /// The barrier table's name.
     pub fn table(&self) -> &str {
         &self.table
     }

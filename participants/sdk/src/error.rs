@@ -52,18 +52,22 @@ pub enum ParticipantError {
 }
 
 impl ParticipantError {
+    /// A business refusal (409, FAILURE): the coordinator does not retry it.
     pub fn refused(message: impl Into<String>) -> Self {
         ParticipantError::Refused(message.into())
     }
 
+    /// Still in progress (425): the coordinator asks again later.
     pub fn in_progress(message: impl Into<String>) -> Self {
         ParticipantError::InProgress(message.into())
     }
 
+    /// A failure a retry may cure (503): the coordinator retries.
     pub fn transient(message: impl Into<String>) -> Self {
         ParticipantError::Transient(message.into())
     }
 
+    /// A bug or a broken invariant (500): the coordinator retries, an operator should look.
     pub fn internal(message: impl Into<String>) -> Self {
         ParticipantError::Internal(message.into())
     }

@@ -114,18 +114,22 @@ impl BranchCall {
         BranchCall::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
+    /// The transaction kind named by the call.
     pub fn trans_type(&self) -> TransType {
         self.trans_type
     }
 
+    /// The global transaction's id.
     pub fn gid(&self) -> &str {
         &self.gid
     }
 
+    /// The branch within it.
     pub fn branch_id(&self) -> &str {
         &self.branch_id
     }
 
+    /// The operation this call performs.
     pub fn op(&self) -> Op {
         self.op
     }

@@ -35,6 +35,8 @@
 //! (see [`StepConnections`]); the lean pool saves the round trip sqlx's pool spends on
 //! every release, one per step.
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod barrier;
 pub mod error;

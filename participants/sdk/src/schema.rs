@@ -78,10 +78,15 @@ pub async fn create_barrier_table_named<DB: BarrierDatabase>(
 /// One row of the barrier table, for auditors and tests.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct BarrierRecord {
+    /// `tcc`, `saga` or `msg`.
     pub trans_type: String,
+    /// The global transaction's id.
     pub gid: String,
+    /// The branch within it.
     pub branch_id: String,
+    /// The operation of the row.
     pub op: String,
+    /// The step number within the branch (`01` for the first).
     pub barrier_id: String,
     /// The op whose call inserted the row.
     pub reason: String,

@@ -59,6 +59,7 @@ impl TestBackend for Backend {
 
 /// A database that exists only for one test.
 pub struct TestDatabase {
+    /// Which database server (or SQLite).
     pub backend: Backend,
     /// Connect here.
     pub url: String,
@@ -100,6 +101,7 @@ impl TestDatabase {
         Some(db)
     }
 
+    /// The database's name (the file name for SQLite).
     pub fn name(&self) -> &str {
         &self.name
     }

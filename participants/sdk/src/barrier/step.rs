@@ -55,6 +55,7 @@ impl<DB: BarrierDatabase> OpenedStep<DB> {
 /// Where [`Barrier::run`] opens each step's local transaction: a `sqlx::Pool`, or a
 /// [`LeanPool`] (no round trip to hand the connection back).
 pub trait StepConnections: Sync {
+    /// The database the connections are to.
     type Database: BarrierDatabase;
 
     /// The SQL dialect of the database behind it.
@@ -153,6 +154,7 @@ impl<'t, DB: Database> StepTx<'t, DB> {
         }
     }
 
+    /// Which database the step runs on (for its SQL's placeholders).
     pub fn dialect(&self) -> Backend {
         self.dialect
     }
@@ -167,14 +169,17 @@ impl<'t, DB: Database> StepTx<'t, DB> {
         &self.barrier.gid
     }
 
+    /// The branch within the global transaction.
     pub fn branch_id(&self) -> &str {
         &self.barrier.branch_id
     }
 
+    /// The operation being performed.
     pub fn op(&self) -> Op {
         self.barrier.op
     }
 
+    /// The transaction kind.
     pub fn trans_type(&self) -> TransType {
         self.barrier.trans_type
     }

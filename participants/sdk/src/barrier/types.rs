@@ -18,12 +18,16 @@ pub const MAX_ID_LEN: usize = 128;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TransType {
+    /// Try-Confirm-Cancel.
     Tcc,
+    /// Actions with compensations.
     Saga,
+    /// A two-phase message.
     Msg,
 }
 
 impl TransType {
+    /// The name in callbacks and the barrier table.
     pub fn as_str(self) -> &'static str {
         match self {
             TransType::Tcc => "tcc",
@@ -32,6 +36,7 @@ impl TransType {
         }
     }
 
+    /// The kind named `s`, if any.
     pub fn parse(s: &str) -> Option<TransType> {
         match s {
             "tcc" => Some(TransType::Tcc),
@@ -63,10 +68,15 @@ impl fmt::Display for TransType {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
+    /// TCC phase one.
     Try,
+    /// TCC phase two after a commit.
     Confirm,
+    /// TCC phase two after an abort.
     Cancel,
+    /// A saga or msg forward step.
     Action,
+    /// A saga step's undo.
     Compensate,
     /// DTM's name for the local transaction of a two-phase message, and for the
     /// coordinator's check whether it committed (see [`crate::query_prepared`]).
@@ -74,6 +84,7 @@ pub enum Op {
 }
 
 impl Op {
+    /// Every operation.
     pub const ALL: [Op; 6] = [
         Op::Try,
         Op::Confirm,
@@ -83,6 +94,7 @@ impl Op {
         Op::Msg,
     ];
 
+    /// The name in callbacks and the barrier table.
     pub fn as_str(self) -> &'static str {
         match self {
             Op::Try => "try",
@@ -94,6 +106,7 @@ impl Op {
         }
     }
 
+    /// The operation named `s`, if any.
     pub fn parse(s: &str) -> Option<Op> {
         Op::ALL.into_iter().find(|op| op.as_str() == s)
     }
@@ -128,9 +141,16 @@ impl fmt::Display for Op {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidCall {
     #[error("missing query parameter `{0}`")]
+    /// A required parameter is absent.
     Missing(&'static str),
     #[error("invalid query parameter `{param}`: {reason}")]
-    Invalid { param: &'static str, reason: String },
+    /// A parameter is unknown or too long.
+    Invalid {
+        /// The parameter.
+        param: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// What happened to a guarded step. Every variant but [`Outcome::Rejected`] is a success
@@ -169,6 +189,7 @@ impl<T> Outcome<T> {
         }
     }
 
+    /// The step's result: `None` for an empty rollback or a rejected step.
     pub fn into_result(self) -> Option<T> {
         match self {
             Outcome::Executed(t) | Outcome::Duplicate(t) => Some(t),
@@ -186,6 +207,7 @@ impl<T> Outcome<T> {
         }
     }
 
+    /// The same outcome with its result mapped.
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
         match self {
             Outcome::Executed(t) => Outcome::Executed(f(t)),
@@ -204,6 +226,7 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     /// Delay before the second attempt; doubles each time, up to `max_delay`, with jitter.
     pub base_delay: Duration,
+    /// Cap on the delay.
     pub max_delay: Duration,
 }
 
