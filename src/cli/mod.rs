@@ -48,6 +48,23 @@ pub enum Command {
     Tx(TxCommand),
 }
 
+/// Logs to stderr at `default` (or `RUST_LOG`), and counts SQL statements for `/metrics`
+/// when `IDEM_COUNT_SQL=1` (the benchmark's counting pass). Both binaries start this way.
+pub fn init_logging(default: &str) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)));
+    crate::metrics::set_sql_counting(std::env::var("IDEM_COUNT_SQL").is_ok_and(|v| v == "1"));
+    let counting = crate::metrics::SqlCountingLayer.with_filter(crate::metrics::counting_filter());
+    tracing_subscriber::registry()
+        .with(log)
+        .with(counting)
+        .init();
+}
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
