@@ -235,7 +235,8 @@ impl Client {
         self.parse(self.send(reqwest::Method::GET, url, None).await?)
     }
 
-    async fn fetch_page<T: DeserializeOwned>(&self, query: &ListQuery) -> Result<T, Error> {
+    /// The URL [`Client::list`] sends `query` to.
+    pub fn list_url(&self, query: &ListQuery) -> Url {
         let mut url = self.transactions_url(&[]);
         {
             let mut pairs = url.query_pairs_mut();
@@ -261,6 +262,11 @@ impl Client {
         if url.query() == Some("") {
             url.set_query(None);
         }
+        url
+    }
+
+    async fn fetch_page<T: DeserializeOwned>(&self, query: &ListQuery) -> Result<T, Error> {
+        let url = self.list_url(query);
         self.parse(self.send(reqwest::Method::GET, url, None).await?)
     }
 
