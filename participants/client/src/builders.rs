@@ -174,10 +174,7 @@ impl TccBuilder {
             .client
             .post(self.client.transactions_url(&[]), &body)
             .await?;
-        Ok(Tcc {
-            client: self.client,
-            gid: view.gid,
-        })
+        Ok(Tcc::new(self.client, view.gid))
     }
 }
 
@@ -190,6 +187,10 @@ pub struct Tcc {
 }
 
 impl Tcc {
+    pub(crate) fn new(client: Client, gid: String) -> Tcc {
+        Tcc { client, gid }
+    }
+
     /// The transaction's gid.
     pub fn gid(&self) -> &str {
         &self.gid

@@ -168,6 +168,12 @@ impl Client {
         TccBuilder::new(self.clone(), gid.into())
     }
 
+    /// A TCC transaction created before (by this process or another, through this
+    /// coordinator or another): register its branches, submit or abort it.
+    pub fn existing_tcc(&self, gid: impl Into<String>) -> Tcc {
+        Tcc::new(self.clone(), gid.into())
+    }
+
     /// A two-phase message named `gid`: add steps and its back-check, prepare it, commit
     /// the local transaction, then submit.
     pub fn msg(&self, gid: impl Into<String>) -> MsgBuilder {
