@@ -1,6 +1,7 @@
 //! The idem demo: a coordinator on embedded SQLite and three participant services
 //! (inventory, payment, coupon), each with its own SQLite database, all on loopback in
-//! this one process. It places a few orders and prints what became of them.
+//! this one process. It places a few orders through the typed client (`idem-client`) and
+//! prints what became of them.
 //!
 //!     cargo run --example inventory_reservation
 
