@@ -36,25 +36,31 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// reported so.
 const OPERATOR_RETRIES: u32 = 3;
 
-/// What a coordinator answered: the view (or other answer), or its refusal. A success
-/// whose body did not parse counts as answered too.
+/// What a coordinator answered: the view (or other answer), or its refusal. What counts
+/// is the status: a success whose body did not parse, or any answer whose body broke off,
+/// counts as answered with that status.
 type Answer<T> = Result<T, idem_client::Error>;
 
-/// A refusal: the coordinator answered with an error status.
-fn refusal<T>(answer: &Answer<T>) -> Option<&idem_client::Error> {
+/// The status of an answer that came, unless it was a success.
+fn failed_status<T>(answer: &Answer<T>) -> Option<u16> {
     match answer {
-        Err(e @ idem_client::Error::Api { .. }) => Some(e),
+        Err(idem_client::Error::Api { status, .. }) => Some(*status),
+        Err(idem_client::Error::Transport(t)) => t.answer_status().filter(|s| *s >= 300),
         _ => None,
     }
 }
 
+/// A refusal: the coordinator answered with an error status.
+fn refusal<T>(answer: &Answer<T>) -> Option<(u16, &idem_client::Error)> {
+    let status = failed_status(answer).filter(|s| *s >= 400)?;
+    answer.as_ref().err().map(|e| (status, e))
+}
+
 /// No answer worth keeping: none at all, the database unavailable, or a server error.
 fn worth_repeating<T>(answer: &Answer<T>) -> bool {
-    match answer {
-        Err(idem_client::Error::Transport(_)) => true,
-        Err(idem_client::Error::Api { status, .. }) => *status >= 500,
-        _ => false,
-    }
+    let no_status =
+        matches!(answer, Err(idem_client::Error::Transport(t)) if t.answer_status().is_none());
+    no_status || failed_status(answer).is_some_and(|s| s >= 500)
 }
 
 fn shown<T: serde::Serialize>(answer: &Answer<T>) -> String {
@@ -197,7 +203,7 @@ impl Client {
                         saga.options(options.clone()).create()
                     })
                     .await?;
-                if let Some(e) = refusal(&answer) {
+                if let Some((_, e)) = refusal(&answer) {
                     return Err(format!("{gid}: create failed: {e}").into());
                 }
                 self.wait_settled(via, gid).await?
@@ -209,7 +215,7 @@ impl Client {
                         async move { Ok(tcc.create().await?.gid().to_owned()) }
                     })
                     .await?;
-                if let Some(e) = refusal(&answer) {
+                if let Some((_, e)) = refusal(&answer) {
                     return Err(format!("{gid}: create failed: {e}").into());
                 }
                 let mut refused = None;
@@ -223,7 +229,7 @@ impl Client {
                             tcc.register(&branch_id(i), url, url, &b.payload).await
                         })
                         .await?;
-                    if let Some(e) = refusal(&answer) {
+                    if let Some((_, e)) = refusal(&answer) {
                         refused = Some(format!("register {}: {e}", branch_id(i)));
                         break;
                     }
@@ -252,8 +258,8 @@ impl Client {
                         (path, answer)
                     }
                 };
-                if let Some(e) = refusal(&answer)
-                    && !matches!(e, idem_client::Error::Api { status: 409, .. })
+                if let Some((status, e)) = refusal(&answer)
+                    && status != 409
                 {
                     return Err(format!("{gid}: {path}: {e}").into());
                 }
@@ -299,4 +305,41 @@ impl Client {
 pub(super) struct Settled {
     tx: TxView,
     tried: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(status: u16, code: &str) -> Answer<()> {
+        Err(idem_client::Error::Api {
+            status,
+            code: code.into(),
+            message: String::new(),
+        })
+    }
+
+    /// What the runner sends again (on the next coordinator) and what it takes as the
+    /// answer: the rule it had when it spoke HTTP itself (no answer, or a status of 500 and
+    /// up, is sent again; anything else is the answer).
+    #[test]
+    fn no_answer_and_server_errors_are_sent_again_the_rest_is_the_answer() {
+        let no_answer: Answer<()> = Err(idem_client::Error::Transport("reset".into()));
+        assert!(worth_repeating(&no_answer));
+        for (status, code) in [(503, "unavailable"), (500, "internal"), (502, "http_502")] {
+            assert!(worth_repeating(&api(status, code)), "{status}");
+        }
+        let conflict = api(409, "invalid_state");
+        assert!(!worth_repeating(&conflict));
+        assert_eq!(refusal(&conflict).map(|(s, _)| s), Some(409));
+        assert_eq!(refusal(&api(404, "not_found")).map(|(s, _)| s), Some(404));
+        let not_json: Answer<()> = Err(idem_client::Error::Decode {
+            status: 201,
+            message: "expected value".into(),
+            body: String::new(),
+        });
+        assert!(!worth_repeating(&not_json) && refusal(&not_json).is_none());
+        let fine: Answer<()> = Ok(());
+        assert!(!worth_repeating(&fine) && refusal(&fine).is_none());
+    }
 }

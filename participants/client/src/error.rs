@@ -48,11 +48,12 @@ pub struct TransportError {
     cause: String,
     timeout: bool,
     connect: bool,
-    reading_answer: bool,
+    answer_status: Option<u16>,
 }
 
 impl TransportError {
-    pub(crate) fn of(e: &reqwest::Error, reading_answer: bool) -> TransportError {
+    /// `answer_status`: the status of an answer whose body then broke off.
+    pub(crate) fn of(e: &reqwest::Error, answer_status: Option<u16>) -> TransportError {
         // reqwest's own message ("error sending request for url ...") wraps the part a
         // person can act on ("Connection refused"): keep the whole chain, and that part.
         let mut message = e.to_string();
@@ -70,7 +71,7 @@ impl TransportError {
             cause: cause.to_string(),
             timeout: e.is_timeout(),
             connect: e.is_connect(),
-            reading_answer,
+            answer_status,
         }
     }
 
@@ -91,7 +92,12 @@ impl TransportError {
 
     /// The answer's status came, but its body broke off: the coordinator got the request.
     pub fn while_reading_answer(&self) -> bool {
-        self.reading_answer
+        self.answer_status.is_some()
+    }
+
+    /// The status of an answer whose body broke off.
+    pub fn answer_status(&self) -> Option<u16> {
+        self.answer_status
     }
 }
 
@@ -108,7 +114,7 @@ impl From<String> for TransportError {
             message,
             timeout: false,
             connect: false,
-            reading_answer: false,
+            answer_status: None,
         }
     }
 }

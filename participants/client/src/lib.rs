@@ -113,7 +113,7 @@ impl Client {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
             .build()
-            .map_err(|e| Error::Transport(TransportError::of(&e, false)))?;
+            .map_err(|e| Error::Transport(TransportError::of(&e, None)))?;
         Client::with_http(base_url, http)
     }
 
@@ -346,12 +346,12 @@ impl Client {
         let answer = request
             .send()
             .await
-            .map_err(|e| Error::Transport(TransportError::of(&e, false)))?;
+            .map_err(|e| Error::Transport(TransportError::of(&e, None)))?;
         let status = answer.status().as_u16();
         let text = answer
             .text()
             .await
-            .map_err(|e| Error::Transport(TransportError::of(&e, true)))?;
+            .map_err(|e| Error::Transport(TransportError::of(&e, Some(status))))?;
         if !(200..300).contains(&status) {
             return Err(Error::from_answer(status, &text));
         }

@@ -227,6 +227,7 @@ async fn no_answer_says_which_kind_of_failure_it_was() {
         panic!("{err:?}")
     };
     assert!(t.while_reading_answer() && !t.is_connect(), "{t:?}");
+    assert_eq!(t.answer_status(), Some(200));
 }
 
 #[tokio::test]
