@@ -1,36 +1,27 @@
 //! The idem demo: a coordinator on embedded SQLite and three participant services
 //! (inventory, payment, coupon), each with its own SQLite database, all on loopback in
-//! this one process. It places a few orders and prints what became of them.
+//! this one process. It places a few orders through the typed client (`idem-client`) and
+//! prints what became of them.
 //!
 //!     cargo run --example inventory_reservation
 
 use std::time::Duration;
 
 use idem::server::{self, ServerConfig};
+use idem_client::{Client, TryOutcome, TxView};
 use idem_demo::{coupon, inventory, payment};
-use serde_json::{Value, json};
+use serde_json::json;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 struct Demo {
-    api: String,
-    http: reqwest::Client,
+    idem: Client,
     inventory: String,
     payment: String,
     coupon: String,
 }
 
 impl Demo {
-    async fn post(&self, path: &str, body: Value) -> Result<(u16, Value), Error> {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .json(&body)
-            .send()
-            .await?;
-        Ok((r.status().as_u16(), r.json().await?))
-    }
-
     /// A TCC order: register each branch with idem, which calls its Try; if every Try
     /// succeeded, submit (idem Confirms everywhere), else abort (idem Cancels everywhere).
     async fn tcc_order(
@@ -40,9 +31,8 @@ impl Demo {
         quantity: i64,
         account: &str,
         amount: i64,
-    ) -> Result<Value, Error> {
-        self.post("/api/v1/transactions", json!({"gid": gid, "kind": "tcc"}))
-            .await?;
+    ) -> Result<TxView, Error> {
+        let tcc = self.idem.tcc(gid).create().await?;
         let branches = [
             (
                 "payment",
@@ -57,35 +47,17 @@ impl Demo {
         ];
         let mut refused = None;
         for (id, url, payload) in branches {
-            let (code, answer) = self
-                .post(
-                    &format!("/api/v1/transactions/{gid}/branches"),
-                    json!({"branch_id": id, "try": url, "confirm": url, "cancel": url, "payload": payload}),
-                )
-                .await?;
-            println!(
-                "    Try {id:<9} -> {}",
-                answer["try"]["outcome"].as_str().unwrap_or("?")
-            );
-            if code != 200 {
-                refused = Some(format!(
-                    "{id}: {}",
-                    answer["try"]["detail"].as_str().unwrap_or("")
-                ));
+            let tried = tcc.register_with_try(id, url, url, url, payload).await?;
+            println!("    Try {id:<9} -> {}", tried.label());
+            if tried != TryOutcome::Succeeded {
+                refused = Some(format!("{id}: {}", tried.detail().unwrap_or("")));
                 break;
             }
         }
-        let (_, tx) = match refused {
-            None => {
-                self.post(
-                    &format!("/api/v1/transactions/{gid}/submit"),
-                    json!({"wait_result": true}),
-                )
-                .await?
-            }
+        let tx = match refused {
+            None => tcc.submit(true).await?,
             Some(why) => {
-                let body = json!({"wait_result": true, "reason": format!("Try refused by {why}")});
-                self.post(&format!("/api/v1/transactions/{gid}/abort"), body)
+                tcc.abort(Some(&format!("Try refused by {why}")), true)
                     .await?
             }
         };
@@ -100,35 +72,41 @@ impl Demo {
         sku: &str,
         user: &str,
         campaign: &str,
-    ) -> Result<Value, Error> {
-        let steps = json!([
-            {"action": self.inventory, "compensate": self.inventory, "payload": {"sku": sku, "quantity": 1}},
-            {"action": self.coupon, "compensate": self.coupon, "payload": {"user": user, "coupon": campaign}},
-        ]);
-        let (_, tx) = self
-            .post(
-                "/api/v1/transactions",
-                json!({"gid": gid, "kind": "saga", "steps": steps, "wait_result": true}),
+    ) -> Result<TxView, Error> {
+        let tx = self
+            .idem
+            .saga(gid)
+            .step(
+                &self.inventory,
+                &self.inventory,
+                json!({"sku": sku, "quantity": 1}),
             )
+            .step(
+                &self.coupon,
+                &self.coupon,
+                json!({"user": user, "coupon": campaign}),
+            )
+            .wait_result(true)
+            .create()
             .await?;
         Ok(tx)
     }
 }
 
-fn report(title: &str, tx: &Value) {
-    let status = tx["status"].as_str().unwrap_or("?");
-    let reason = tx["reason"]
-        .as_str()
+fn report(title: &str, tx: &TxView) {
+    let reason = tx
+        .reason
+        .as_ref()
         .map(|r| format!(" ({r})"))
         .unwrap_or_default();
-    println!("  => {title}: {status}{reason}");
-    for b in tx["branches"].as_array().into_iter().flatten() {
-        if b["status"] != "pending" {
+    println!("  => {title}: {}{reason}", tx.status);
+    for b in &tx.branches {
+        if b.status != idem_client::BranchStatus::Pending {
             println!(
                 "       {:>9} {:<10} {}",
-                b["branch_id"].as_str().unwrap_or(""),
-                b["action"].as_str().unwrap_or(""),
-                b["status"].as_str().unwrap_or("")
+                b.branch_id,
+                b.action.as_str(),
+                b.status
             );
         }
     }
@@ -159,8 +137,7 @@ async fn main() -> Result<(), Error> {
 
     idem::transport::install_crypto_provider();
     let demo = Demo {
-        api: coordinator.url(),
-        http: reqwest::Client::new(),
+        idem: Client::new(&coordinator.url())?,
         inventory: inventory_svc.url(inventory::RESERVE_PATH),
         payment: payment_svc.url(payment::FREEZE_PATH),
         coupon: coupon_svc.url(coupon::ISSUE_PATH),

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::recorder::Recorder;
-use idem_client::{Action, BranchStatus, Client, Error, Kind, ListQuery, Status};
+use idem_client::{Action, BranchStatus, Client, Error, Kind, ListQuery, Status, TryOutcome};
 use serde_json::json;
 
 async fn each_backend<F, Fut>(test: &str, body: F)
@@ -46,15 +46,17 @@ async fn sagas_tccs_and_messages_through_the_typed_client() {
         assert_eq!(action.payload, r#"{"n":2}"#);
 
         let tcc = idem.tcc("c-tcc").create().await.unwrap();
-        tcc.register_with_try(
-            "01",
-            &p.url("/try"),
-            &p.url("/confirm"),
-            &p.url("/cancel"),
-            json!({"sku": "apple"}),
-        )
-        .await
-        .unwrap();
+        let tried = tcc
+            .register_with_try(
+                "01",
+                &p.url("/try"),
+                &p.url("/confirm"),
+                &p.url("/cancel"),
+                json!({"sku": "apple"}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(tried, TryOutcome::Succeeded);
         let done = tcc.submit(true).await.unwrap();
         assert_eq!(done.status, Status::Succeeded);
         assert_eq!(p.count("c-tcc", "/confirm"), 1);
@@ -164,6 +166,82 @@ async fn concurrent_repeats_of_one_create_run_it_once() {
             1,
             "one action call: {:?}",
             p.paths("c-race")
+        );
+    })
+    .await;
+}
+
+/// A Try the coordinator called comes back as its outcome, not as an error; branches
+/// listed at creation are registered with it; an abort can wait for its Cancels; the raw
+/// answers are the views' JSON.
+#[tokio::test]
+async fn try_outcomes_branches_at_creation_and_raw_answers() {
+    each_backend("client_tries", |idem, p| async move {
+        let tcc = idem
+            .tcc("c-refused")
+            .branch("01", p.url("/confirm"), p.url("/cancel"), json!({"n": 1}))
+            .create()
+            .await
+            .unwrap();
+        p.answer("/try2", None, 1, 409);
+        let tried = tcc
+            .register_with_try(
+                "02",
+                &p.url("/try2"),
+                &p.url("/confirm2"),
+                &p.url("/cancel2"),
+                json!({}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(tried.label(), "failure", "{tried:?}");
+        assert!(
+            matches!(&tried, TryOutcome::Failed(d) if d.contains("409")),
+            "{tried:?}"
+        );
+        // A registration refused is an error, not a Try's outcome.
+        let err = tcc
+            .register_with_try(
+                "02",
+                &p.url("/other"),
+                &p.url("/c"),
+                &p.url("/c"),
+                json!({}),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("branch_conflict"), "{err:?}");
+        let done = tcc.abort(Some("a Try refused"), true).await.unwrap();
+        assert_eq!(done.status, Status::Failed, "{done:?}");
+        assert_eq!(done.reason.as_deref(), Some("a Try refused"));
+        assert_eq!(
+            p.count("c-refused", "/cancel"),
+            1,
+            "{:?}",
+            p.paths("c-refused")
+        );
+        assert_eq!(
+            p.count("c-refused", "/cancel2"),
+            1,
+            "{:?}",
+            p.paths("c-refused")
+        );
+
+        let typed = idem.get("c-refused").await.unwrap();
+        let raw = idem.raw().get("c-refused").await.unwrap();
+        assert_eq!(raw, serde_json::to_value(&typed).unwrap());
+        let page = idem.raw().list(&ListQuery::default()).await.unwrap();
+        assert_eq!(page["transactions"][0]["gid"], "c-refused", "{page}");
+        let err = idem.raw().retry("c-refused").await.unwrap_err();
+        assert!(
+            err.is_from_api() && err.code() == Some("invalid_state"),
+            "{err:?}"
+        );
+        assert!(
+            idem.metrics()
+                .await
+                .unwrap()
+                .contains("idem_transactions_total")
         );
     })
     .await;

@@ -134,7 +134,9 @@ pub async fn run(
                 *expected.entry(account).or_default() += 20;
             }
             (true, "failed") => {}
-            (_, other) => return Err(format!("order-{n} ended {other}: {}", outcome.view).into()),
+            (_, other) => {
+                return Err(format!("order-{n} ended {other}: {:?}", outcome.view).into());
+            }
         }
     }
 

@@ -28,7 +28,7 @@
 //! let outcome = harness
 //!     .saga("order-1", &[Step::new(service.url("/points/add"), service.url("/points/undo"), serde_json::json!({}))])
 //!     .await?;
-//! assert_eq!(outcome.status, "succeeded");
+//! assert_eq!(outcome.status, idem_client::Status::Succeeded);
 //! // ... then check the service's own tables: applied once, whatever the plan did.
 //! # Ok(()) }
 //! ```
@@ -42,7 +42,8 @@ use std::time::Duration;
 use idem::cli::BoxError;
 use idem::server::{RunningServer, ServerConfig};
 use idem::transport::{HttpTransport, Transport};
-use serde_json::{Value, json};
+use idem_client::{Client, Status, TxView};
+use serde_json::Value;
 
 use crate::faults::{Delivery, FaultPlan, FaultyTransport, ParticipantFaults, participant_faults};
 
@@ -68,10 +69,10 @@ impl Step {
 /// How a transaction ended, as the coordinator reports it.
 #[derive(Clone, Debug)]
 pub struct Outcome {
-    /// `succeeded`, `failed`, `stalled`, ...
-    pub status: String,
+    /// Succeeded, failed or stalled.
+    pub status: Status,
     /// The coordinator's whole view of the transaction.
-    pub view: Value,
+    pub view: TxView,
 }
 
 /// A coordinator in this process with a fault plan, and the layer for the service under
@@ -79,7 +80,7 @@ pub struct Outcome {
 pub struct Harness {
     server: RunningServer,
     faults: Arc<ParticipantFaults>,
-    http: reqwest::Client,
+    client: Client,
 }
 
 impl Harness {
@@ -108,16 +109,23 @@ impl Harness {
             Arc::new(HttpTransport::with_answer_limit(config.max_answer_bytes)?);
         let transport = Arc::new(FaultyTransport::new(real, Arc::clone(&plan)));
         let server = idem::server::start_with(config, transport, Vec::new()).await?;
+        let client = Client::new(&server.url())?;
         Ok(Harness {
             server,
             faults: ParticipantFaults::new(plan),
-            http: reqwest::Client::new(),
+            client,
         })
     }
 
     /// The coordinator's API base URL, for requests of the test's own.
     pub fn api(&self) -> String {
         self.server.url()
+    }
+
+    /// A client of the coordinator, for the test's own transactions (TCC, messages) and
+    /// for reading what became of them.
+    pub fn client(&self) -> &Client {
+        &self.client
     }
 
     /// `router` with the plan's participant-side rules in front of it.
@@ -135,50 +143,31 @@ impl Harness {
 
     /// Runs a saga and waits until it is finished or stalled.
     pub async fn saga(&self, gid: &str, steps: &[Step]) -> Result<Outcome, BoxError> {
-        let steps: Vec<Value> = steps
-            .iter()
-            .map(|s| json!({"action": s.action, "compensate": s.compensate, "payload": s.payload}))
-            .collect();
-        let body = json!({"gid": gid, "kind": "saga", "steps": steps, "wait_result": true});
-        let r = self
-            .http
-            .post(format!("{}/api/v1/transactions", self.api()))
-            .json(&body)
-            .send()
-            .await?;
-        let code = r.status();
-        let view: Value = r.json().await?;
-        if !code.is_success() {
-            return Err(format!("create {gid}: HTTP {code}: {view}").into());
-        }
+        let saga = steps.iter().fold(self.client.saga(gid), |saga, s| {
+            saga.step(&s.action, &s.compensate, &s.payload)
+        });
+        let view = saga
+            .wait_result(true)
+            .create()
+            .await
+            .map_err(|e| format!("create {gid}: {e}"))?;
         self.settle(gid, view).await
     }
 
     /// A `wait_result` answer may come before the end (the wait is bounded); reads again
     /// until the transaction is finished or stalled.
-    async fn settle(&self, gid: &str, mut view: Value) -> Result<Outcome, BoxError> {
-        let settled = |v: &Value| {
-            matches!(
-                v["status"].as_str(),
-                Some("succeeded" | "failed" | "aborted" | "stalled")
-            )
-        };
+    async fn settle(&self, gid: &str, mut view: TxView) -> Result<Outcome, BoxError> {
+        let settled = |v: &TxView| v.status.is_terminal() || v.status == Status::Stalled;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         while !settled(&view) {
             if tokio::time::Instant::now() > deadline {
-                return Err(format!("{gid} did not settle in 60 s: {view}").into());
+                return Err(format!("{gid} did not settle in 60 s: {view:?}").into());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            view = self
-                .http
-                .get(format!("{}/api/v1/transactions/{gid}", self.api()))
-                .send()
-                .await?
-                .json()
-                .await?;
+            view = self.client.get(gid).await?;
         }
         Ok(Outcome {
-            status: view["status"].as_str().unwrap_or_default().to_owned(),
+            status: view.status,
             view,
         })
     }

@@ -9,19 +9,26 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use idem::metrics::SqlCounts;
 use idem_demo::{inventory, payment};
 use idem_participant::testing::{Backend, TestDatabase};
 
+mod coordinator;
+mod inflight;
 pub mod limit;
+mod load;
 mod soak;
 
+pub use coordinator::Coordinator;
 pub use soak::SoakFigures;
+
+use inflight::run_many_in_flight;
+use load::{Client, drive};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -289,276 +296,6 @@ impl Participants {
     }
 }
 
-/// An `idem serve` child process.
-pub struct Coordinator {
-    pub url: String,
-    child: tokio::process::Child,
-}
-
-impl Coordinator {
-    pub async fn start(
-        bin: &PathBuf,
-        db: &str,
-        count_sql: bool,
-        extra: &[String],
-    ) -> Result<Coordinator, Error> {
-        use tokio::io::AsyncBufReadExt;
-        let mut child = tokio::process::Command::new(bin)
-            .args([
-                "serve",
-                "--database-url",
-                db,
-                "--listen",
-                "127.0.0.1:0",
-                "--node",
-                "bench",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .env("IDEM_COUNT_SQL", if count_sql { "1" } else { "0" })
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
-        let stdout = child.stdout.take().expect("piped");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .map_err(|_| "idem serve did not start")??
-            .ok_or("idem serve exited")?;
-        let url = first
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .ok_or("unexpected output from idem serve")?
-            .to_owned();
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Coordinator { url, child })
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.id()
-    }
-
-    /// Peak resident set (VmHWM) in MB.
-    pub fn peak_rss_mb(&self) -> f64 {
-        proc_status_kb(self.pid(), "VmHWM:") as f64 / 1024.0
-    }
-
-    /// CPU time used so far (user + system), in seconds.
-    pub fn cpu_seconds(&self) -> f64 {
-        let Some(pid) = self.pid() else { return 0.0 };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return 0.0;
-        };
-        // Fields after the command name (which may contain spaces) in parentheses.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: f64 = [11, 12]
-            .iter()
-            .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
-            .sum();
-        ticks / 100.0
-    }
-
-    async fn sql(&self, http: &reqwest::Client) -> Result<SqlCounts, Error> {
-        let text = http
-            .get(format!("{}/metrics", self.url))
-            .send()
-            .await?
-            .text()
-            .await?;
-        let value = |name: &str| -> u64 {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0) as u64
-        };
-        Ok(SqlCounts {
-            reads: value("idem_sql_statements_total{kind=\"read\"}"),
-            writes: value("idem_sql_statements_total{kind=\"write\"}"),
-            begins: value("idem_sql_begins_total"),
-            commits: value("idem_sql_commits_total"),
-            rollbacks: 0,
-        })
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.start_kill();
-    }
-
-    pub async fn stop(mut self) {
-        let _ = self.child.kill().await;
-    }
-}
-
-fn proc_status_kb(pid: Option<u32>, key: &str) -> u64 {
-    let Some(pid) = pid else { return 0 };
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
-/// One client's work: global transactions of the workload, back to back.
-struct Client {
-    http: reqwest::Client,
-    api: String,
-    urls: [String; 2],
-    workload: Workload,
-}
-
-impl Client {
-    async fn one(&self, gid: &str, n: usize) -> Result<(), Error> {
-        let sku = format!("sku-{}", n % SKUS);
-        let account = format!("acct-{}", (n / 7) % ACCOUNTS);
-        let payloads = [
-            json!({"sku": sku, "quantity": 1}),
-            json!({"account": account, "amount": 1}),
-        ];
-        match self.workload {
-            Workload::Tcc => {
-                let branches: Vec<Value> = (0..2)
-                    .map(|i| {
-                        json!({"branch_id": format!("0{}", i + 1), "confirm": self.urls[i], "cancel": self.urls[i], "payload": payloads[i]})
-                    })
-                    .collect();
-                self.post(
-                    "/api/v1/transactions",
-                    json!({"gid": gid, "kind": "tcc", "branches": branches}),
-                    201,
-                )
-                .await?;
-                let tries = (0..2).map(|i| self.call_try(gid, i, &payloads[i]));
-                for r in futures::future::join_all(tries).await {
-                    r?;
-                }
-                let tx = self
-                    .post(
-                        &format!("/api/v1/transactions/{gid}/submit"),
-                        json!({"wait_result": true}),
-                        200,
-                    )
-                    .await?;
-                expect_succeeded(&tx)
-            }
-            Workload::Saga
-            | Workload::Empty
-            | Workload::Inflight
-            | Workload::Recovery
-            | Workload::Soak => {
-                let steps: Vec<Value> = (0..2)
-                    .map(|i| json!({"action": self.urls[i], "compensate": self.urls[i], "payload": payloads[i]}))
-                    .collect();
-                let tx = self
-                    .post(
-                        "/api/v1/transactions",
-                        json!({"gid": gid, "kind": "saga", "steps": steps, "wait_result": true}),
-                        201,
-                    )
-                    .await?;
-                expect_succeeded(&tx)
-            }
-        }
-    }
-
-    async fn post(&self, path: &str, body: Value, want: u16) -> Result<Value, Error> {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .json(&body)
-            .send()
-            .await?;
-        let code = r.status().as_u16();
-        let value: Value = r.json().await.unwrap_or(Value::Null);
-        if code != want {
-            return Err(format!("{path}: HTTP {code}: {value}").into());
-        }
-        Ok(value)
-    }
-
-    async fn call_try(&self, gid: &str, i: usize, payload: &Value) -> Result<(), Error> {
-        let mut url = reqwest::Url::parse(&self.urls[i])?;
-        url.query_pairs_mut()
-            .append_pair("gid", gid)
-            .append_pair("trans_type", "tcc")
-            .append_pair("branch_id", &format!("0{}", i + 1))
-            .append_pair("op", "try");
-        let r = self.http.post(url).json(payload).send().await?;
-        if !r.status().is_success() {
-            return Err(format!("Try {i} of {gid}: HTTP {}", r.status()).into());
-        }
-        Ok(())
-    }
-}
-
-fn expect_succeeded(tx: &Value) -> Result<(), Error> {
-    match tx["status"].as_str() {
-        Some("succeeded") => Ok(()),
-        other => Err(format!("ended {other:?}: {}", tx["last_error"]).into()),
-    }
-}
-
-/// Runs `clients` clients for `duration` (after `warmup`); returns latencies (µs) and failures.
-async fn drive(
-    client: Arc<Client>,
-    clients: usize,
-    warmup: Duration,
-    duration: Duration,
-    run: &str,
-    bar: Option<indicatif::ProgressBar>,
-) -> (Vec<u32>, u64, Duration) {
-    let start = Instant::now();
-    let measure_from = start + warmup;
-    let end = measure_from + duration;
-    let mut tasks = Vec::new();
-    for c in 0..clients {
-        let client = Arc::clone(&client);
-        let bar = bar.clone();
-        let run = run.to_owned();
-        tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            let mut failures = 0u64;
-            let mut n = c;
-            while Instant::now() < end {
-                let gid = format!("{run}-{c}-{n}");
-                let t0 = Instant::now();
-                let ok = client.one(&gid, n).await;
-                let measured = t0 >= measure_from;
-                match ok {
-                    Ok(()) if measured => {
-                        latencies.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32)
-                    }
-                    Err(e) if measured => {
-                        if failures < 3 {
-                            eprintln!("failure: {e}");
-                        }
-                        failures += 1;
-                    }
-                    _ => {}
-                }
-                if let Some(bar) = &bar {
-                    bar.set_position(start.elapsed().as_secs().min(bar.length().unwrap_or(0)));
-                }
-                n += clients;
-            }
-            (latencies, failures)
-        }));
-    }
-    let mut all = Vec::new();
-    let mut failures = 0;
-    for t in tasks {
-        if let Ok((l, f)) = t.await {
-            all.extend(l);
-            failures += f;
-        }
-    }
-    (all, failures, duration)
-}
-
 fn percentile(sorted: &[u32], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -590,12 +327,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         let coordinator =
             Coordinator::start(&config.idem_bin, &dbs.coordinator, true, &config.serve_args)
                 .await?;
-        let client = Client {
-            http: http.clone(),
-            api: coordinator.url.clone(),
-            urls: participants.urls.clone(),
-            workload: config.workload,
-        };
+        let client = Client::new(&coordinator.url, &http, &participants.urls, config.workload)?;
         idem::metrics::set_sql_counting(true);
         let before_here = idem::metrics::sql_counts();
         let before_there = coordinator.sql(&http).await?;
@@ -633,12 +365,12 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         &config.serve_args,
     )
     .await?;
-    let client = Arc::new(Client {
-        http: http.clone(),
-        api: coordinator.url.clone(),
-        urls: participants.urls.clone(),
-        workload: config.workload,
-    });
+    let client = Arc::new(Client::new(
+        &coordinator.url,
+        &http,
+        &participants.urls,
+        config.workload,
+    )?);
     let bar = config.progress.then(|| {
         let total = (config.warmup + config.duration).as_secs();
         let bar = indicatif::ProgressBar::new(total);
@@ -736,165 +468,7 @@ pub(crate) fn local_socket(db: &TestDatabase) -> String {
     }
 }
 
-/// A participant with no database that answers after a delay, or not at all while held.
-#[derive(Default)]
-struct Gate {
-    held: std::sync::atomic::AtomicBool,
-    released: tokio::sync::Notify,
-}
-
-async fn slow_participant(gate: Arc<Gate>, delay: Duration) -> Result<idem_demo::Service, Error> {
-    use std::sync::atomic::Ordering;
-    let router = axum::Router::new().fallback(move || {
-        let gate = Arc::clone(&gate);
-        async move {
-            loop {
-                let released = gate.released.notified();
-                if !gate.held.load(Ordering::SeqCst) {
-                    break;
-                }
-                released.await;
-            }
-            tokio::time::sleep(delay).await;
-            axum::Json(json!({"dtm_result": "SUCCESS"}))
-        }
-    });
-    Ok(idem_demo::spawn(router, "127.0.0.1:0").await?)
-}
-
-/// Creates `n` sagas (not waiting for them) through `clients` concurrent clients.
-async fn create_sagas(
-    http: &reqwest::Client,
-    api: &str,
-    url: &str,
-    run: &str,
-    n: usize,
-    clients: usize,
-) -> Result<(), Error> {
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (http, api, url, run, next) = (
-            http.clone(),
-            api.to_owned(),
-            url.to_owned(),
-            run.to_owned(),
-            Arc::clone(&next),
-        );
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if i >= n {
-                    return Ok::<(), Error>(());
-                }
-                let steps: Vec<Value> = (0..2)
-                    .map(|_| json!({"action": url, "compensate": url, "payload": {}}))
-                    .collect();
-                let body = json!({"gid": format!("{run}-{i}"), "kind": "saga", "steps": steps});
-                let r = http
-                    .post(format!("{api}/api/v1/transactions"))
-                    .json(&body)
-                    .send()
-                    .await?;
-                if r.status().as_u16() != 201 {
-                    return Err(format!("create answered {}", r.status()).into());
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(())
-}
-
 const ACTIVE: [idem::core::Status; 4] = idem::core::Status::ACTIVE;
-
-/// The inflight and recovery workloads.
-async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResult, Error> {
-    idem::transport::install_crypto_provider();
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(1_024)
-        .build()?;
-    let dbs = Databases::create(&config.backend).await?;
-    let store =
-        idem::server::open_store(&dbs.coordinator, &idem::store::ConnectOptions::default()).await?;
-    let gate = Arc::new(Gate::default());
-    let recovery = config.workload == Workload::Recovery;
-    gate.held
-        .store(recovery, std::sync::atomic::Ordering::SeqCst);
-    let delay = if recovery {
-        Duration::ZERO
-    } else {
-        config.participant_delay
-    };
-    let participant = slow_participant(Arc::clone(&gate), delay).await?;
-    let url = participant.url("/slow");
-    // Calls wait as long as the participant holds them, instead of timing out and retrying.
-    let mut serve_args = config.serve_args.clone();
-    serve_args.extend(["--request-timeout-ms".into(), "120000".into()]);
-    let mut coordinator =
-        Coordinator::start(&config.idem_bin, &dbs.coordinator, false, &serve_args).await?;
-    let run_id = format!("f{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let started = Instant::now();
-    let api = coordinator.url.clone();
-    let creating = create_sagas(&http, &api, &url, &run_id, config.inflight, config.clients);
-    // Watch how many are unfinished while they are created and driven.
-    let mut most = 0u64;
-    tokio::pin!(creating);
-    loop {
-        tokio::select! {
-            done = &mut creating => { done?; break; }
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                most = most.max(store.count(&ACTIVE).await?);
-            }
-        }
-    }
-    most = most.max(store.count(&ACTIVE).await?);
-    let mut result = BenchResult {
-        workload: format!("{:?}", config.workload).to_lowercase(),
-        backend: config.backend.clone(),
-        clients: config.clients,
-        transactions: config.inflight as u64,
-        ..BenchResult::default()
-    };
-    if recovery {
-        coordinator.kill();
-        let _ = coordinator.child.wait().await;
-        gate.held.store(false, std::sync::atomic::Ordering::SeqCst);
-        gate.released.notify_waiters();
-        let unfinished = store.count(&ACTIVE).await?;
-        let restart = Instant::now();
-        coordinator =
-            Coordinator::start(&config.idem_bin, &dbs.coordinator, false, &serve_args).await?;
-        while store.count(&ACTIVE).await? > 0 {
-            if restart.elapsed() > Duration::from_secs(600) {
-                return Err("recovery did not finish in 10 minutes".into());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        result.recovery_seconds = Some(restart.elapsed().as_secs_f64());
-        result.in_flight = Some(unfinished);
-    } else {
-        while store.count(&ACTIVE).await? > 0 {
-            most = most.max(store.count(&ACTIVE).await?);
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        result.in_flight = Some(most);
-    }
-    result.seconds = started.elapsed().as_secs_f64();
-    result.per_second = config.inflight as f64 / result.seconds;
-    result.coordinator_peak_rss_mb = coordinator.peak_rss_mb();
-    let failed = store
-        .count(&[idem::core::Status::Failed, idem::core::Status::Stalled])
-        .await?;
-    result.failures = failed;
-    coordinator.stop().await;
-    let _ = participant.stop().await;
-    drop(store);
-    dbs.drop().await;
-    Ok(result)
-}
 
 /// PostgreSQL's committed-transaction counter over the benchmark's databases. Statistics
 /// reach it within a second of a transaction's end, so this waits that long first.

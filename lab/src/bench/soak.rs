@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::{ACTIVE, BenchConfig, BenchResult, Coordinator, Databases, Error, percentile};
 use idem::core::Status;
@@ -148,40 +148,26 @@ struct Done {
     outcome: Result<(), String>,
 }
 
-async fn one_saga(http: reqwest::Client, api: String, base: String, gid: String, n: u64) -> Done {
+async fn one_saga(idem: idem_client::Client, base: String, gid: String, n: u64) -> Done {
     let started_at = Instant::now();
     let fate = Fate::of(n);
-    let steps: Vec<Value> = [Fate::Fine, fate]
-        .iter()
-        .map(|f| {
-            json!({
-                "action": format!("{base}{}", f.path()),
-                "compensate": format!("{base}/soak/compensate"),
-                "payload": {"n": n},
-            })
-        })
-        .collect();
-    let body = json!({"gid": gid, "kind": "saga", "steps": steps, "wait_result": true});
-    let outcome = async {
-        let r = http
-            .post(format!("{api}/api/v1/transactions"))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let code = r.status().as_u16();
-        let value: Value = r.json().await.unwrap_or(Value::Null);
-        let status = value["status"].as_str().unwrap_or("");
-        if code != 201 || status != fate.expected() {
-            return Err(format!(
-                "{gid}: HTTP {code}, status {status:?}, expected {}: {}",
-                fate.expected(),
-                value["last_error"]
-            ));
-        }
-        Ok(())
-    }
-    .await;
+    let saga = [Fate::Fine, fate].iter().fold(idem.saga(&gid), |saga, f| {
+        saga.step(
+            format!("{base}{}", f.path()),
+            format!("{base}/soak/compensate"),
+            json!({"n": n}),
+        )
+    });
+    let outcome = match saga.wait_result(true).create().await {
+        Ok(tx) if tx.status.as_str() == fate.expected() => Ok(()),
+        Ok(tx) => Err(format!(
+            "{gid}: status {}, expected {}: {:?}",
+            tx.status,
+            fate.expected(),
+            tx.last_error
+        )),
+        Err(e) => Err(format!("{gid}: {e}, expected {}", fate.expected())),
+    };
     Done {
         started_at,
         micros: started_at.elapsed().as_micros().min(u32::MAX as u128) as u32,
@@ -190,7 +176,7 @@ async fn one_saga(http: reqwest::Client, api: String, base: String, gid: String,
 }
 
 fn rss_mb(coordinator: &Coordinator) -> f64 {
-    super::proc_status_kb(coordinator.pid(), "VmRSS:") as f64 / 1024.0
+    super::coordinator::proc_status_kb(coordinator.pid(), "VmRSS:") as f64 / 1024.0
 }
 
 /// Runs the soak workload.
@@ -214,7 +200,7 @@ pub(super) async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     )
     .await?;
     let run_id = format!("s{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let api = coordinator.url.clone();
+    let idem = super::load::idem_client(&coordinator.url, &http)?;
 
     let total = config.warmup + config.duration;
     let started = Instant::now();
@@ -275,7 +261,7 @@ pub(super) async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
                         Fate::Fine => {}
                     }
                 }
-                in_flight.spawn(one_saga(http.clone(), api.clone(), base.clone(), gid, n));
+                in_flight.spawn(one_saga(idem.clone(), base.clone(), gid, n));
                 n += 1;
             }
             Some(done) = in_flight.join_next() => {

@@ -391,13 +391,8 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     for order in &scenario.orders {
         match client.wait_settled(0, &order.gid).await {
             Ok(tx) => {
-                if let Ok(status) = tx["status"].as_str().unwrap_or("").parse() {
-                    report.statuses.insert(order.gid.clone(), status);
-                }
-                report.attempts.insert(
-                    order.gid.clone(),
-                    tx["attempts"].as_i64().unwrap_or(0) as i32,
-                );
+                report.statuses.insert(order.gid.clone(), tx.status);
+                report.attempts.insert(order.gid.clone(), tx.attempts);
             }
             Err(e) => report.violations.push(e.to_string()),
         }

@@ -111,7 +111,9 @@ impl SagaBuilder {
         if !self.options.is_empty() {
             body["options"] = to_json(&self.options);
         }
-        self.client.post("/api/v1/transactions", &body).await
+        self.client
+            .post(self.client.transactions_url(&[]), &body)
+            .await
     }
 }
 
@@ -120,6 +122,7 @@ impl SagaBuilder {
 pub struct TccBuilder {
     client: Client,
     gid: String,
+    branches: Vec<Value>,
     options: Options,
 }
 
@@ -128,8 +131,27 @@ impl TccBuilder {
         TccBuilder {
             client,
             gid,
+            branches: Vec::new(),
             options: Options::default(),
         }
+    }
+
+    /// Registers a branch's Confirm and Cancel with the creation itself (one request for
+    /// all); call its Try once [`TccBuilder::create`] answered.
+    pub fn branch(
+        mut self,
+        branch_id: impl Into<String>,
+        confirm: impl Into<String>,
+        cancel: impl Into<String>,
+        payload: impl Serialize,
+    ) -> TccBuilder {
+        self.branches.push(json!({
+            "branch_id": branch_id.into(),
+            "confirm": confirm.into(),
+            "cancel": cancel.into(),
+            "payload": to_json(payload),
+        }));
+        self
     }
 
     /// Sets the transaction's options.
@@ -138,17 +160,21 @@ impl TccBuilder {
         self
     }
 
-    /// Creates the transaction, `prepared`, with no branches yet.
+    /// Creates the transaction, `prepared`, with the branches given by
+    /// [`TccBuilder::branch`] (none: register them one by one on the [`Tcc`]).
     pub async fn create(self) -> Result<Tcc, Error> {
         let mut body = json!({"gid": self.gid, "kind": "tcc"});
+        if !self.branches.is_empty() {
+            body["branches"] = Value::Array(self.branches);
+        }
         if !self.options.is_empty() {
             body["options"] = to_json(&self.options);
         }
-        let view: TxView = self.client.post("/api/v1/transactions", &body).await?;
-        Ok(Tcc {
-            client: self.client,
-            gid: view.gid,
-        })
+        let view: TxView = self
+            .client
+            .post(self.client.transactions_url(&[]), &body)
+            .await?;
+        Ok(Tcc::new(self.client, view.gid))
     }
 }
 
@@ -161,6 +187,10 @@ pub struct Tcc {
 }
 
 impl Tcc {
+    pub(crate) fn new(client: Client, gid: String) -> Tcc {
+        Tcc { client, gid }
+    }
+
     /// The transaction's gid.
     pub fn gid(&self) -> &str {
         &self.gid
@@ -181,13 +211,13 @@ impl Tcc {
             "cancel": cancel,
             "payload": to_json(payload),
         });
-        let _: Value = self.client.post(&self.path("/branches"), &body).await?;
+        let _: Value = self.client.post(self.branches_url(), &body).await?;
         Ok(())
     }
 
-    /// Registers a branch and has the coordinator call its Try: `Ok` when the Try
-    /// succeeded; [`Error::Api`] with `try_failed`, `try_in_progress` or `try_unknown`
-    /// otherwise (register again to call it again, or abort).
+    /// Registers a branch and has the coordinator call its Try: what the Try answered
+    /// (register again to call it again, or abort, unless it succeeded). An error is a
+    /// registration that failed (`branch_conflict`, `not_prepared`, no answer, ...).
     pub async fn register_with_try(
         &self,
         branch_id: &str,
@@ -195,7 +225,7 @@ impl Tcc {
         confirm: &str,
         cancel: &str,
         payload: impl Serialize,
-    ) -> Result<(), Error> {
+    ) -> Result<TryOutcome, Error> {
         let body = json!({
             "branch_id": branch_id,
             "try": try_url,
@@ -203,8 +233,11 @@ impl Tcc {
             "cancel": cancel,
             "payload": to_json(payload),
         });
-        let _: Value = self.client.post(&self.path("/branches"), &body).await?;
-        Ok(())
+        let answer: Result<Value, Error> = self.client.post(self.branches_url(), &body).await;
+        match answer {
+            Ok(_) => Ok(TryOutcome::Succeeded),
+            Err(e) => TryOutcome::of_refusal(e),
+        }
     }
 
     /// Submits: the Confirm decision is stored, then every Confirm is delivered.
@@ -212,13 +245,61 @@ impl Tcc {
         self.client.submit(&self.gid, wait_result).await
     }
 
-    /// Aborts: every registered branch is cancelled.
-    pub async fn abort(&self, reason: Option<&str>) -> Result<TxView, Error> {
-        self.client.abort(&self.gid, reason).await
+    /// Aborts: every registered branch is cancelled (answers once they are, with
+    /// `wait_result`).
+    pub async fn abort(&self, reason: Option<&str>, wait_result: bool) -> Result<TxView, Error> {
+        self.client.abort(&self.gid, reason, wait_result).await
     }
 
-    fn path(&self, tail: &str) -> String {
-        format!("/api/v1/transactions/{}{tail}", self.gid)
+    fn branches_url(&self) -> crate::Url {
+        self.client.transactions_url(&[&self.gid, "branches"])
+    }
+}
+
+/// What a Try that the coordinator called for the application answered
+/// ([`Tcc::register_with_try`]); the details are the participant's answer or why there
+/// was none, as the coordinator recorded them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TryOutcome {
+    /// It succeeded: the branch can be confirmed.
+    Succeeded,
+    /// The participant refused (`409 try_failed`): abort the transaction.
+    Failed(String),
+    /// It is still working on it (`425 try_in_progress`).
+    InProgress(String),
+    /// No definite answer (`502 try_unknown`): a timeout, a 5xx, a redirect.
+    Unknown(String),
+}
+
+impl TryOutcome {
+    fn of_refusal(e: Error) -> Result<TryOutcome, Error> {
+        let Error::Api { code, message, .. } = &e else {
+            return Err(e);
+        };
+        match code.as_str() {
+            "try_failed" => Ok(TryOutcome::Failed(message.clone())),
+            "try_in_progress" => Ok(TryOutcome::InProgress(message.clone())),
+            "try_unknown" => Ok(TryOutcome::Unknown(message.clone())),
+            _ => Err(e),
+        }
+    }
+
+    /// The coordinator's name for it: `success`, `failure`, `in_progress` or `unknown`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            TryOutcome::Succeeded => "success",
+            TryOutcome::Failed(_) => "failure",
+            TryOutcome::InProgress(_) => "in_progress",
+            TryOutcome::Unknown(_) => "unknown",
+        }
+    }
+
+    /// What the participant answered, or why there was no answer (none on success).
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            TryOutcome::Succeeded => None,
+            TryOutcome::Failed(d) | TryOutcome::InProgress(d) | TryOutcome::Unknown(d) => Some(d),
+        }
     }
 }
 
@@ -273,6 +354,8 @@ impl MsgBuilder {
         if !self.options.is_empty() {
             body["options"] = to_json(&self.options);
         }
-        self.client.post("/api/v1/transactions", &body).await
+        self.client
+            .post(self.client.transactions_url(&[]), &body)
+            .await
     }
 }

@@ -37,18 +37,22 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 mod builders;
 mod error;
+mod raw;
 
-pub use builders::{MsgBuilder, Options, SagaBuilder, Tcc, TccBuilder};
-pub use error::Error;
+pub use builders::{MsgBuilder, Options, SagaBuilder, Tcc, TccBuilder, TryOutcome};
+pub use error::{Error, TransportError};
 pub use idem_types::{
     Action, AttemptRecord, BranchStatus, BranchView, ErrorBody, ErrorView, Kind, Millis, PageView,
     Protocol, Status, TxOptions, TxView,
 };
+pub use raw::Raw;
+/// The URL type of [`Client::transactions_url`] (reqwest's, which is `url`'s).
+pub use reqwest::Url;
 
 /// How the client retries its own requests: only failures after which the request may or
 /// may not have been applied (no answer, `503 unavailable`), and always with the same
@@ -95,26 +99,36 @@ pub struct ListQuery {
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    root: Url,
     retry: RetryPolicy,
 }
 
 impl Client {
-    /// A client of the coordinator at `base_url` (e.g. `http://127.0.0.1:8686`).
+    /// A client of the coordinator at `base_url` (e.g. `http://127.0.0.1:8686`, or
+    /// `https://host/idem` behind a proxy that serves it under a prefix). Chooses rustls'
+    /// ring provider for the process if none was chosen before.
     pub fn new(base_url: &str) -> Result<Client, Error> {
+        // Already chosen (by the application, or by an earlier client): that one stays.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
             .build()
-            .map_err(|e| Error::Transport(e.to_string()))?;
+            .map_err(|e| Error::Transport(TransportError::of(&e, None)))?;
         Client::with_http(base_url, http)
     }
 
-    /// A client that sends its requests through `http` (its own timeouts, TLS, proxy).
+    /// A client that sends its requests through `http` (its own timeouts, TLS, proxy,
+    /// connection pool).
     pub fn with_http(base_url: &str, http: reqwest::Client) -> Result<Client, Error> {
         let base = base_url.trim_end_matches('/').to_owned();
-        reqwest::Url::parse(&base).map_err(|e| Error::InvalidUrl(format!("{base}: {e}")))?;
+        let root = Url::parse(&base)
+            .ok()
+            .filter(|u| !u.cannot_be_a_base())
+            .ok_or_else(|| Error::InvalidUrl(format!("{base}: not a base URL")))?;
         Ok(Client {
             http,
             base,
+            root,
             retry: RetryPolicy::default(),
         })
     }
@@ -130,6 +144,19 @@ impl Client {
         &self.base
     }
 
+    /// `<base>/api/v1/transactions/<segments...>`, each segment escaped as one path
+    /// segment (a gid holding `/` or `?` stays one segment, which the coordinator refuses
+    /// as `invalid_gid`, instead of reaching another resource).
+    pub fn transactions_url(&self, segments: &[&str]) -> Url {
+        let mut url = self.root.clone();
+        url.path_segments_mut()
+            .expect("checked to be a base URL")
+            .pop_if_empty()
+            .extend(["api", "v1", "transactions"])
+            .extend(segments);
+        url
+    }
+
     /// A saga named `gid`: add steps, then [`SagaBuilder::create`].
     pub fn saga(&self, gid: impl Into<String>) -> SagaBuilder {
         SagaBuilder::new(self.clone(), gid.into())
@@ -141,94 +168,161 @@ impl Client {
         TccBuilder::new(self.clone(), gid.into())
     }
 
+    /// A TCC transaction created before (by this process or another, through this
+    /// coordinator or another): register its branches, submit or abort it.
+    pub fn existing_tcc(&self, gid: impl Into<String>) -> Tcc {
+        Tcc::new(self.clone(), gid.into())
+    }
+
     /// A two-phase message named `gid`: add steps and its back-check, prepare it, commit
     /// the local transaction, then submit.
     pub fn msg(&self, gid: impl Into<String>) -> MsgBuilder {
         MsgBuilder::new(self.clone(), gid.into())
     }
 
+    /// The same requests answered with the API's JSON as it came, for a tool that prints
+    /// or forwards it (fields a newer coordinator adds are kept).
+    pub fn raw(&self) -> Raw<'_> {
+        Raw::new(self)
+    }
+
     /// The transaction, with its history of calls that did not simply succeed.
     pub async fn get(&self, gid: &str) -> Result<TxView, Error> {
-        self.send(reqwest::Method::GET, &tx_path(gid, ""), None)
-            .await
+        self.fetch(gid).await
     }
 
     /// A page of transactions, newest first.
     pub async fn list(&self, query: &ListQuery) -> Result<PageView, Error> {
-        let mut pairs: Vec<(&str, String)> = Vec::new();
-        if let Some(status) = query.status {
-            pairs.push(("status", status.as_str().to_owned()));
-        }
-        if let Some(kind) = query.kind {
-            pairs.push(("kind", kind.as_str().to_owned()));
-        }
-        if let Some(t) = query.created_from {
-            pairs.push(("created_from", t.to_string()));
-        }
-        if let Some(t) = query.created_to {
-            pairs.push(("created_to", t.to_string()));
-        }
-        if let Some(n) = query.limit {
-            pairs.push(("limit", n.to_string()));
-        }
-        if let Some(c) = &query.cursor {
-            pairs.push(("cursor", c.clone()));
-        }
-        let mut url = reqwest::Url::parse(&format!("{}/api/v1/transactions", self.base))
-            .map_err(|e| Error::InvalidUrl(e.to_string()))?;
-        url.query_pairs_mut().extend_pairs(pairs);
-        let path = format!("/api/v1/transactions?{}", url.query().unwrap_or(""));
-        self.send(reqwest::Method::GET, &path, None).await
+        self.fetch_page(query).await
     }
 
     /// Submits a prepared TCC or msg (waiting for the outcome with `wait_result`).
     pub async fn submit(&self, gid: &str, wait_result: bool) -> Result<TxView, Error> {
         let body = json!({"wait_result": wait_result});
-        self.post(&tx_path(gid, "/submit"), &body).await
+        self.post(self.transactions_url(&[gid, "submit"]), &body)
+            .await
     }
 
-    /// Aborts a prepared TCC or msg.
-    pub async fn abort(&self, gid: &str, reason: Option<&str>) -> Result<TxView, Error> {
-        let body = match reason {
-            Some(r) => json!({"reason": r}),
-            None => json!({}),
-        };
-        self.post(&tx_path(gid, "/abort"), &body).await
+    /// Aborts a prepared TCC or msg (waiting for its Cancels with `wait_result`).
+    pub async fn abort(
+        &self,
+        gid: &str,
+        reason: Option<&str>,
+        wait_result: bool,
+    ) -> Result<TxView, Error> {
+        self.operate(gid, Operation::Abort, reason, wait_result)
+            .await
     }
 
     /// Operator: resumes a stalled transaction with fresh attempts.
     pub async fn retry(&self, gid: &str) -> Result<TxView, Error> {
-        self.post(&tx_path(gid, "/retry"), &json!({})).await
+        self.operate(gid, Operation::Retry, None, false).await
     }
 
     /// Operator: marks the transaction failed and calls nothing more (what was applied
     /// stays applied).
     pub async fn force_stop(&self, gid: &str, reason: &str) -> Result<TxView, Error> {
-        self.post(&tx_path(gid, "/force-stop"), &json!({"reason": reason}))
+        self.operate(gid, Operation::ForceStop, Some(reason), false)
             .await
     }
 
-    pub(crate) async fn post<T: serde::de::DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &impl Serialize,
-    ) -> Result<T, Error> {
-        let body = serde_json::to_value(body).map_err(|e| Error::Decode(e.to_string()))?;
-        self.send(reqwest::Method::POST, path, Some(&body)).await
+    /// The coordinator's Prometheus text (`GET /metrics`).
+    pub async fn metrics(&self) -> Result<String, Error> {
+        let mut url = self.root.clone();
+        url.path_segments_mut()
+            .expect("checked to be a base URL")
+            .pop_if_empty()
+            .push("metrics");
+        Ok(self.send(reqwest::Method::GET, url, None).await?.1)
     }
 
-    /// Sends one request, retrying what may not have been applied; parses the answer.
-    async fn send<T: serde::de::DeserializeOwned>(
+    async fn fetch<T: DeserializeOwned>(&self, gid: &str) -> Result<T, Error> {
+        let url = self.transactions_url(&[gid]);
+        self.parse(self.send(reqwest::Method::GET, url, None).await?)
+    }
+
+    /// The URL [`Client::list`] sends `query` to.
+    pub fn list_url(&self, query: &ListQuery) -> Url {
+        let mut url = self.transactions_url(&[]);
+        {
+            let mut pairs = url.query_pairs_mut();
+            if let Some(status) = query.status {
+                pairs.append_pair("status", status.as_str());
+            }
+            if let Some(kind) = query.kind {
+                pairs.append_pair("kind", kind.as_str());
+            }
+            if let Some(t) = query.created_from {
+                pairs.append_pair("created_from", &t.to_string());
+            }
+            if let Some(t) = query.created_to {
+                pairs.append_pair("created_to", &t.to_string());
+            }
+            if let Some(n) = query.limit {
+                pairs.append_pair("limit", &n.to_string());
+            }
+            if let Some(c) = &query.cursor {
+                pairs.append_pair("cursor", c);
+            }
+        }
+        if url.query() == Some("") {
+            url.set_query(None);
+        }
+        url
+    }
+
+    async fn fetch_page<T: DeserializeOwned>(&self, query: &ListQuery) -> Result<T, Error> {
+        let url = self.list_url(query);
+        self.parse(self.send(reqwest::Method::GET, url, None).await?)
+    }
+
+    async fn operate<T: DeserializeOwned>(
+        &self,
+        gid: &str,
+        operation: Operation,
+        reason: Option<&str>,
+        wait_result: bool,
+    ) -> Result<T, Error> {
+        let mut body = json!({});
+        if let Some(reason) = reason {
+            body["reason"] = Value::from(reason);
+        }
+        if wait_result {
+            body["wait_result"] = Value::Bool(true);
+        }
+        self.post(self.transactions_url(&[gid, operation.segment()]), &body)
+            .await
+    }
+
+    pub(crate) async fn post<T: DeserializeOwned>(
+        &self,
+        url: Url,
+        body: &Value,
+    ) -> Result<T, Error> {
+        self.parse(self.send(reqwest::Method::POST, url, Some(body)).await?)
+    }
+
+    fn parse<T: DeserializeOwned>(&self, (status, text): (u16, String)) -> Result<T, Error> {
+        serde_json::from_str(&text).map_err(|e| Error::Decode {
+            status,
+            message: e.to_string(),
+            body: cut(&text, 300).to_owned(),
+        })
+    }
+
+    /// Sends one request, retrying what may not have been applied; the status and body of
+    /// a success.
+    async fn send(
         &self,
         method: reqwest::Method,
-        path: &str,
+        url: Url,
         body: Option<&Value>,
-    ) -> Result<T, Error> {
+    ) -> Result<(u16, String), Error> {
         let mut delay = self.retry.first_delay;
         let mut tries = 0;
         loop {
             tries += 1;
-            let result = self.send_once(method.clone(), path, body).await;
+            let result = self.send_once(method.clone(), url.clone(), body).await;
             match result {
                 Err(e) if e.may_succeed_on_retry() && tries < self.retry.attempts.max(1) => {
                     tokio::time::sleep(delay).await;
@@ -239,36 +333,48 @@ impl Client {
         }
     }
 
-    async fn send_once<T: serde::de::DeserializeOwned>(
+    async fn send_once(
         &self,
         method: reqwest::Method,
-        path: &str,
+        url: Url,
         body: Option<&Value>,
-    ) -> Result<T, Error> {
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
+    ) -> Result<(u16, String), Error> {
+        let mut request = self.http.request(method, url);
         if let Some(body) = body {
             request = request.json(body);
         }
         let answer = request
             .send()
             .await
-            .map_err(|e| Error::Transport(e.to_string()))?;
+            .map_err(|e| Error::Transport(TransportError::of(&e, None)))?;
         let status = answer.status().as_u16();
         let text = answer
             .text()
             .await
-            .map_err(|e| Error::Transport(e.to_string()))?;
+            .map_err(|e| Error::Transport(TransportError::of(&e, Some(status))))?;
         if !(200..300).contains(&status) {
             return Err(Error::from_answer(status, &text));
         }
-        serde_json::from_str(&text).map_err(|e| Error::Decode(format!("{e}: {}", cut(&text, 300))))
+        Ok((status, text))
     }
 }
 
-fn tx_path(gid: &str, tail: &str) -> String {
-    // Gids are restricted to characters that need no escaping; an invalid one is refused
-    // by the coordinator with `400 invalid_gid`, not mangled here.
-    format!("/api/v1/transactions/{gid}{tail}")
+/// The operations on one transaction that take an optional reason.
+#[derive(Clone, Copy)]
+enum Operation {
+    Abort,
+    Retry,
+    ForceStop,
+}
+
+impl Operation {
+    fn segment(self) -> &'static str {
+        match self {
+            Operation::Abort => "abort",
+            Operation::Retry => "retry",
+            Operation::ForceStop => "force-stop",
+        }
+    }
 }
 
 pub(crate) fn cut(text: &str, max: usize) -> &str {
@@ -281,3 +387,6 @@ pub(crate) fn cut(text: &str, max: usize) -> &str {
     }
     &text[..end]
 }
+
+#[cfg(test)]
+mod tests;

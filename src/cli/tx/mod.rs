@@ -158,7 +158,8 @@ impl TargetArgs {
 /// A coordinator's API or a database, behind one interface. Every answer is JSON shaped as
 /// the API's.
 enum Target {
-    Server(remote::Remote),
+    // Boxed: the client with its URLs is much larger than the database handle.
+    Server(Box<remote::Remote>),
     Database(direct::Direct),
 }
 
@@ -170,7 +171,7 @@ impl Target {
             let _ = writeln!(std::io::stderr(), "idem: note: {note}");
         }
         Ok(match destination {
-            Destination::Server(url) => Target::Server(remote::Remote::new(&url)?),
+            Destination::Server(url) => Target::Server(Box::new(remote::Remote::new(&url)?)),
             Destination::Database(url) => Target::Database(direct::Direct::open(&url).await?),
         })
     }

@@ -1,15 +1,16 @@
-//! The operator's commands through a running coordinator's HTTP API.
+//! The operator's commands through a running coordinator's HTTP API, with the typed
+//! client's raw answers (printed as the API gave them).
 
 use std::time::Duration;
 
-use reqwest::{Method, Url};
-use serde_json::{Value, json};
+use idem_client::{Client, Error, RetryPolicy, Url};
+use serde_json::Value;
 
 use super::{BoxError, ListQuery, Operation};
 
 pub(super) struct Remote {
     base: Url,
-    http: reqwest::Client,
+    client: Client,
 }
 
 /// How long to wait for a connection: a coordinator on the network answers in
@@ -36,41 +37,35 @@ impl Remote {
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .build()?;
-        Ok(Remote { base, http })
+        // An operator's command is sent once: what it met is what it reports.
+        let client = Client::with_http(base.as_str(), http)?.retry_policy(RetryPolicy {
+            attempts: 1,
+            ..RetryPolicy::default()
+        });
+        Ok(Remote { base, client })
     }
 
     /// `<base>/api/v1/transactions[/<gid>[/<op>]]`, with the gid escaped as a path
     /// segment (what the operator typed may hold anything).
     fn url(&self, segments: &[&str]) -> Url {
-        let mut url = self.base.clone();
-        {
-            let mut path = url.path_segments_mut().expect("http URLs have a path");
-            path.pop_if_empty().extend(["api", "v1", "transactions"]);
-            path.extend(segments);
-        }
-        url
+        self.client.transactions_url(segments)
     }
 
     pub(super) async fn list(&self, query: &ListQuery) -> Result<Value, BoxError> {
-        let mut url = self.url(&[]);
-        {
-            let mut q = url.query_pairs_mut();
-            if let Some(status) = query.status {
-                q.append_pair("status", status.as_str());
-            }
-            if let Some(kind) = query.kind {
-                q.append_pair("kind", kind.as_str());
-            }
-            q.append_pair("limit", &query.limit.to_string());
-            if let Some(cursor) = &query.cursor {
-                q.append_pair("cursor", cursor);
-            }
-        }
-        self.send(Method::GET, url, None).await
+        let query = idem_client::ListQuery {
+            status: query.status,
+            kind: query.kind,
+            limit: Some(query.limit),
+            cursor: query.cursor.clone(),
+            ..idem_client::ListQuery::default()
+        };
+        let answer = self.client.raw().list(&query).await;
+        answer.map_err(|e| self.explain(e, &self.client.list_url(&query)))
     }
 
     pub(super) async fn show(&self, gid: &str) -> Result<Value, BoxError> {
-        self.send(Method::GET, self.url(&[gid]), None).await
+        let answer = self.client.raw().get(gid).await;
+        answer.map_err(|e| self.explain(e, &self.url(&[gid])))
     }
 
     pub(super) async fn operate(
@@ -79,73 +74,57 @@ impl Remote {
         op: Operation,
         reason: &str,
     ) -> Result<Value, BoxError> {
-        let body = match op {
-            Operation::Retry => json!({}),
-            Operation::ForceStop | Operation::Abort => json!({"reason": reason}),
+        let raw = self.client.raw();
+        let answer = match op {
+            Operation::Retry => raw.retry(gid).await,
+            Operation::ForceStop => raw.force_stop(gid, reason).await,
+            Operation::Abort => raw.abort(gid, Some(reason), false).await,
         };
-        self.send(Method::POST, self.url(&[gid, op.path()]), Some(body))
-            .await
+        answer.map_err(|e| self.explain(e, &self.url(&[gid, op.path()])))
     }
 
-    /// Sends one request. The API's errors come back as `code: message`; a coordinator
-    /// that cannot be reached, or something else answering, say so in words an operator
-    /// can act on. Nothing falls back to a database.
-    async fn send(&self, method: Method, url: Url, body: Option<Value>) -> Result<Value, BoxError> {
-        let mut request = self.http.request(method, url.clone());
-        if let Some(body) = body {
-            request = request.json(&body);
+    /// The API's errors come back as `code: message`; a coordinator that cannot be
+    /// reached, or something else answering, say so in words an operator can act on.
+    /// Nothing falls back to a database.
+    fn explain(&self, e: Error, url: &Url) -> BoxError {
+        let unexpected = |status: u16, text: &str| {
+            let status = reqwest::StatusCode::from_u16(status)
+                .map_or_else(|_| status.to_string(), |s| s.to_string());
+            let mut excerpt: String = text.chars().take(200).collect();
+            excerpt.retain(|c| !c.is_control());
+            format!(
+                "unexpected answer from {url}: HTTP {status}: {excerpt} (is {} an idem coordinator?)",
+                self.base
+            )
+        };
+        match &e {
+            Error::Api { code, message, .. } if e.is_from_api() => format!("{code}: {message}"),
+            Error::Api {
+                status, message, ..
+            } => unexpected(*status, message),
+            Error::Decode { status, body, .. } => unexpected(*status, body),
+            Error::Transport(t) if t.while_reading_answer() => {
+                format!("reading the answer from {url}: {}", t.cause())
+            }
+            Error::Transport(t) => self.unreachable(t),
+            Error::InvalidUrl(_) => e.to_string(),
         }
-        let response = request.send().await.map_err(|e| self.unreachable(&e))?;
-        let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| format!("reading the answer from {url}: {}", root_cause(&e)))?;
-        let value: Option<Value> = serde_json::from_str(&text).ok();
-        if status.is_success()
-            && let Some(value) = value
-        {
-            return Ok(value);
-        }
-        if let Some(error) = value.as_ref().and_then(|v| v.get("error"))
-            && let (Some(code), Some(message)) = (error["code"].as_str(), error["message"].as_str())
-        {
-            return Err(format!("{code}: {message}").into());
-        }
-        let mut excerpt: String = text.chars().take(200).collect();
-        excerpt.retain(|c| !c.is_control());
-        Err(format!(
-            "unexpected answer from {url}: HTTP {status}: {excerpt} (is {} an idem coordinator?)",
-            self.base
-        )
-        .into())
+        .into()
     }
 
-    fn unreachable(&self, e: &reqwest::Error) -> BoxError {
+    fn unreachable(&self, e: &idem_client::TransportError) -> String {
         let base = self.base.as_str().trim_end_matches('/');
         let why = if e.is_timeout() {
             format!("no answer within {} s", REQUEST_TIMEOUT.as_secs())
         } else {
-            root_cause(e)
+            e.cause().to_owned()
         };
         format!(
             "cannot reach the coordinator at {base}: {why}. Is `idem serve` running there? \
              Name it with --server or IDEM_SERVER, or work on its database directly with \
              --database-url."
         )
-        .into()
     }
-}
-
-/// The innermost cause of an error: reqwest's own message ("error sending request for
-/// url ...") wraps the part an operator can act on ("Connection refused", "failed to
-/// lookup address").
-fn root_cause(e: &dyn std::error::Error) -> String {
-    let mut cause = e;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
-    cause.to_string()
 }
 
 #[cfg(test)]
@@ -165,6 +144,49 @@ mod tests {
             r.url(&["a/b?c"]).as_str(),
             "https://host/idem/api/v1/transactions/a%2Fb%3Fc"
         );
+    }
+
+    /// What the operator reads for each way a request can fail (the same words as when
+    /// this module spoke HTTP itself).
+    #[test]
+    fn failures_are_explained_in_the_operators_words() {
+        let r = Remote::new("http://h:1").unwrap();
+        let url = r.url(&["g"]);
+        let said = |e: Error| r.explain(e, &url).to_string();
+        let api = Error::Api {
+            status: 404,
+            code: "not_found".into(),
+            message: "no transaction with gid \"g\"".into(),
+        };
+        assert_eq!(said(api), "not_found: no transaction with gid \"g\"");
+        let page = Error::Api {
+            status: 404,
+            code: "http_404".into(),
+            message: "<html>\n gone</html>".into(),
+        };
+        assert_eq!(
+            said(page),
+            "unexpected answer from http://h:1/api/v1/transactions/g: HTTP 404 Not Found: \
+             <html> gone</html> (is http://h:1/ an idem coordinator?)"
+        );
+        let not_json = Error::Decode {
+            status: 200,
+            message: "expected value".into(),
+            body: "x".repeat(250),
+        };
+        assert_eq!(
+            said(not_json),
+            format!(
+                "unexpected answer from http://h:1/api/v1/transactions/g: HTTP 200 OK: {} \
+                 (is http://h:1/ an idem coordinator?)",
+                "x".repeat(200)
+            )
+        );
+        let refused = Error::Transport("Connection refused (os error 111)".into());
+        assert!(said(refused).starts_with(
+            "cannot reach the coordinator at http://h:1: Connection refused (os error 111). \
+                 Is `idem serve` running there?"
+        ),);
     }
 
     #[test]

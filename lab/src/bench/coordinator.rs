@@ -1,0 +1,119 @@
+//! The coordinator under measurement: an `idem serve` child process, so that its memory
+//! and CPU are its own, read from /proc.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use idem::metrics::SqlCounts;
+
+use super::Error;
+use super::load::idem_client;
+
+/// An `idem serve` child process.
+pub struct Coordinator {
+    pub url: String,
+    pub(super) child: tokio::process::Child,
+}
+
+impl Coordinator {
+    pub async fn start(
+        bin: &PathBuf,
+        db: &str,
+        count_sql: bool,
+        extra: &[String],
+    ) -> Result<Coordinator, Error> {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(bin)
+            .args([
+                "serve",
+                "--database-url",
+                db,
+                "--listen",
+                "127.0.0.1:0",
+                "--node",
+                "bench",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .env("IDEM_COUNT_SQL", if count_sql { "1" } else { "0" })
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .map_err(|_| "idem serve did not start")??
+            .ok_or("idem serve exited")?;
+        let url = first
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .ok_or("unexpected output from idem serve")?
+            .to_owned();
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Coordinator { url, child })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Peak resident set (VmHWM) in MB.
+    pub fn peak_rss_mb(&self) -> f64 {
+        proc_status_kb(self.pid(), "VmHWM:") as f64 / 1024.0
+    }
+
+    /// CPU time used so far (user + system), in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        let Some(pid) = self.pid() else { return 0.0 };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return 0.0;
+        };
+        // Fields after the command name (which may contain spaces) in parentheses.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
+            .sum();
+        ticks / 100.0
+    }
+
+    pub(super) async fn sql(&self, http: &reqwest::Client) -> Result<SqlCounts, Error> {
+        let text = idem_client(&self.url, http)?.metrics().await?;
+        let value = |name: &str| -> u64 {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0) as u64
+        };
+        Ok(SqlCounts {
+            reads: value("idem_sql_statements_total{kind=\"read\"}"),
+            writes: value("idem_sql_statements_total{kind=\"write\"}"),
+            begins: value("idem_sql_begins_total"),
+            commits: value("idem_sql_commits_total"),
+            rollbacks: 0,
+        })
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.start_kill();
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+pub(super) fn proc_status_kb(pid: Option<u32>, key: &str) -> u64 {
+    let Some(pid) = pid else { return 0 };
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
