@@ -6,7 +6,12 @@
 //! does that with a barrier table in the participant's own database, written in the same
 //! local transaction as the business change (see [`barrier`] for the algorithm):
 //!
-//! ```ignore
+//! ```no_run
+//! # use idem_participant::{Barrier, Op, Outcome, TransType};
+//! # #[derive(serde::Serialize, serde::Deserialize)]
+//! # struct Reserved { sku: String, n: i64 }
+//! # async fn reserve(pool: sqlx::SqlitePool, gid: &str, branch_id: &str, sku: &str, n: i64)
+//! # -> Result<(), Box<dyn std::error::Error>> {
 //! let outcome = Barrier::new(TransType::Tcc, gid, branch_id, Op::Try)?
 //!     .run(&pool, |tx| async move {
 //!         sqlx::query(tx.sql("UPDATE stock SET available = available - ? WHERE sku = ? AND available >= ?"))
@@ -21,6 +26,7 @@
 //!     Outcome::EmptyRollback => { /* a Cancel whose Try never ran: nothing to undo */ }
 //!     Outcome::Rejected => { /* a Try after its Cancel: answered with 409 */ }
 //! }
+//! # Ok(()) }
 //! ```
 //!
 //! A TCC Confirm whose Try has not executed and committed never reaches its closure: it
