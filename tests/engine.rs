@@ -9,10 +9,8 @@ use std::time::Duration;
 
 use common::Api;
 use common::recorder::Recorder;
-use common::typed::{self, operate_waiting, refusal, wait_status};
-use idem_client::{
-    Action, BranchStatus, Client, Error, Kind, ListQuery, Options, SagaBuilder, Status, Tcc,
-};
+use common::typed::{self, operate_waiting, refusal, register, wait_status};
+use idem_client::{Action, BranchStatus, Client, Kind, ListQuery, Options, SagaBuilder, Status};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -40,14 +38,6 @@ fn tcc_branch(p: &Recorder, id: &str) -> Value {
         "cancel": p.url(&format!("/{id}/cancel")),
         "payload": {"branch": id},
     })
-}
-
-/// Registers the branch [`tcc_branch`] describes.
-async fn register(tcc: &Tcc, p: &Recorder, id: &str) -> Result<(), Error> {
-    let confirm = p.url(&format!("/{id}/confirm"));
-    let cancel = p.url(&format!("/{id}/cancel"));
-    tcc.register(id, &confirm, &cancel, json!({"branch": id}))
-        .await
 }
 
 fn saga_steps(p: &Recorder, n: usize) -> Value {

@@ -8,9 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::recorder::Recorder;
-use common::typed::{self, refusal, wait_status};
+use common::typed::{self, refusal, register, register_with_try, wait_status};
 use common::{Api, Child, idem_cli};
-use idem_client::{Action, BranchStatus, Client, Error, ListQuery, Options, Status, Tcc};
+use idem_client::{Action, BranchStatus, Client, ListQuery, Options, Status};
 use idem_participant::testing::{self, Backend, TestDatabase};
 use serde_json::{Value, json};
 
@@ -30,28 +30,6 @@ where
         drop(server);
         db.drop_database().await;
     }
-}
-
-/// Registers branch `id`, its Confirm and Cancel on the recorder.
-async fn register(tcc: &Tcc, p: &Recorder, id: &str) -> Result<(), Error> {
-    let (confirm, cancel) = branch_urls(p, id);
-    tcc.register(id, &confirm, &cancel, json!({"branch": id}))
-        .await
-}
-
-/// Registers branch `id` with its Try, called by the coordinator.
-async fn register_with_try(tcc: &Tcc, p: &Recorder, id: &str) -> Result<(), Error> {
-    let (confirm, cancel) = branch_urls(p, id);
-    let try_url = p.url(&format!("/{id}/try"));
-    tcc.register_with_try(id, &try_url, &confirm, &cancel, json!({"branch": id}))
-        .await
-}
-
-fn branch_urls(p: &Recorder, id: &str) -> (String, String) {
-    (
-        p.url(&format!("/{id}/confirm")),
-        p.url(&format!("/{id}/cancel")),
-    )
 }
 
 const FOREVER: usize = 1_000_000;

@@ -7,21 +7,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::recorder::{Call, Recorder};
-use common::typed::{self, wait_all, wait_status};
+use common::typed::{self, register, wait_all, wait_status};
 use common::{Child, idem_cli};
-use idem_client::{Client, Error, Status, Tcc, TxView};
+use idem_client::{Client, Error, Status, TxView};
 use idem_participant::testing::{Backend, TestDatabase};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Registers branch `id`, its Confirm and Cancel on the recorder.
-async fn register(tcc: &Tcc, p: &Recorder, id: &str) -> Result<(), Error> {
-    let confirm = p.url(&format!("/{id}/confirm"));
-    let cancel = p.url(&format!("/{id}/cancel"));
-    tcc.register(id, &confirm, &cancel, json!({"branch": id}))
-        .await
-}
 
 /// Creates a saga of `steps` (numbered from 1) on the recorder, without payloads.
 async fn create_saga(

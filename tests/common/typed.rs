@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
-use idem_client::{Client, Error, ErrorBody, RetryPolicy, Status, TxView};
+use idem_client::{Client, Error, ErrorBody, RetryPolicy, Status, Tcc, TxView};
 use serde_json::json;
+
+use super::recorder::Recorder;
 
 /// A typed client of the coordinator at `base`. Its own retries are off: a test must see
 /// every failure the coordinator answers, not a later repeat that hides it.
@@ -94,4 +96,27 @@ pub fn refusal<T>(result: &Result<T, Error>) -> Option<(u16, &str)> {
         Err(Error::Api { status, code, .. }) => Some((*status, code.as_str())),
         _ => None,
     }
+}
+
+/// Registers branch `id` of `tcc`: its Confirm and Cancel at `/{id}/confirm` and
+/// `/{id}/cancel` on the recorder, `{"branch": id}` as payload.
+pub async fn register(tcc: &Tcc, p: &Recorder, id: &str) -> Result<(), Error> {
+    let (confirm, cancel) = branch_urls(p, id);
+    tcc.register(id, &confirm, &cancel, json!({"branch": id}))
+        .await
+}
+
+/// [`register`], and the coordinator calls its Try at `/{id}/try`.
+pub async fn register_with_try(tcc: &Tcc, p: &Recorder, id: &str) -> Result<(), Error> {
+    let (confirm, cancel) = branch_urls(p, id);
+    let try_url = p.url(&format!("/{id}/try"));
+    tcc.register_with_try(id, &try_url, &confirm, &cancel, json!({"branch": id}))
+        .await
+}
+
+fn branch_urls(p: &Recorder, id: &str) -> (String, String) {
+    (
+        p.url(&format!("/{id}/confirm")),
+        p.url(&format!("/{id}/cancel")),
+    )
 }
