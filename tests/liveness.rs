@@ -1,13 +1,16 @@
 //! Every transaction ends terminal or visibly stalled within its policy, as a user meets
 //! it: real `idem serve` processes on SQLite, PostgreSQL and MariaDB, real HTTP
-//! participants that keep failing, several branches at once.
+//! participants that keep failing, several branches at once. The application and the
+//! operator use the typed client; DTM's front door is reached with the raw helper.
 
 mod common;
 
 use std::time::Duration;
 
 use common::recorder::Recorder;
+use common::typed::{self, refusal, register, register_with_try, wait_status};
 use common::{Api, Child, idem_cli};
+use idem_client::{Action, BranchStatus, Client, ListQuery, Options, Status};
 use idem_participant::testing::{self, Backend, TestDatabase};
 use serde_json::{Value, json};
 
@@ -16,25 +19,17 @@ const WAIT: Duration = Duration::from_secs(40);
 /// Runs `body` once per backend against a fresh database and a fresh `idem serve`.
 async fn each_backend<F, Fut>(test: &str, extra: &[&str], body: F)
 where
-    F: Fn(Api, Recorder, TestDatabase) -> Fut,
+    F: Fn(Client, Api, Recorder, TestDatabase) -> Fut,
     Fut: std::future::Future<Output = TestDatabase>,
 {
     for db in testing::all(test).await {
         let server = Child::serve(&db.url, test, extra);
         let participant = Recorder::start().await;
-        let db = body(Api::new(server.url.clone()), participant, db).await;
+        let idem = typed::client(&server.url);
+        let db = body(idem, Api::new(server.url.clone()), participant, db).await;
         drop(server);
         db.drop_database().await;
     }
-}
-
-fn branch(p: &Recorder, id: &str) -> Value {
-    json!({
-        "branch_id": id,
-        "confirm": p.url(&format!("/{id}/confirm")),
-        "cancel": p.url(&format!("/{id}/cancel")),
-        "payload": {"branch": id},
-    })
 }
 
 const FOREVER: usize = 1_000_000;
@@ -43,28 +38,32 @@ const FOREVER: usize = 1_000_000;
 /// forever, calling the Confirms on every recovery cycle.
 #[tokio::test]
 async fn two_confirms_that_always_fail_stall_and_the_operator_resumes_them() {
-    each_backend("two_confirms_stall", &[], |api, p, db| async move {
+    each_backend("two_confirms_stall", &[], |idem, _, p, db| async move {
         let b = db.backend;
         for id in ["a", "b"] {
             p.answer(&format!("/{id}/confirm"), None, FOREVER, 500);
         }
-        let body = json!({
-            "gid": "two-confirms", "kind": "tcc",
-            "branches": [branch(&p, "a"), branch(&p, "b")],
-            "options": {"max_attempts": 3, "retry_interval_ms": 100},
-        });
-        assert_eq!(api.post("/api/v1/transactions", body).await.0, 201, "{b}");
-        api.post("/api/v1/transactions/two-confirms/submit", json!({}))
-            .await;
-        let tx = api.wait_status("two-confirms", &["stalled"], WAIT).await;
-        assert_eq!(tx["stalled_from"], "committing", "{b}: {tx:#}");
-        assert_eq!(tx["next_attempt_at"], Value::Null, "{b}: nothing scheduled");
-        assert_eq!(tx["attempts"], 6, "{b}: {tx:#}");
-        for branch in tx["branches"].as_array().unwrap() {
-            if branch["action"] == "confirm" {
+        let options = Options {
+            max_attempts: Some(3),
+            retry_interval_ms: Some(100),
+            ..Options::default()
+        };
+        let tcc = idem.tcc("two-confirms").options(options).create().await;
+        assert!(tcc.is_ok(), "{b}: {tcc:?}");
+        let tcc = tcc.unwrap();
+        for id in ["a", "b"] {
+            register(&tcc, &p, id).await.unwrap();
+        }
+        tcc.submit(false).await.unwrap();
+        let tx = wait_status(&idem, "two-confirms", &[Status::Stalled], WAIT).await;
+        assert_eq!(tx.stalled_from, Some(Status::Committing), "{b}: {tx:#?}");
+        assert_eq!(tx.next_attempt_at, None, "{b}: nothing scheduled");
+        assert_eq!(tx.attempts, 6, "{b}: {tx:#?}");
+        for branch in &tx.branches {
+            if branch.action == Action::Confirm {
                 assert_eq!(
-                    (branch["status"].as_str(), branch["attempts"].as_i64()),
-                    (Some("stalled"), Some(3)),
+                    (branch.status, branch.attempts),
+                    (BranchStatus::Stalled, 3),
                     "{b}"
                 );
             }
@@ -88,17 +87,20 @@ async fn two_confirms_that_always_fail_stall_and_the_operator_resumes_them() {
             "stalled",
         ]);
         assert!(list.contains("two-confirms"), "{b}: {list}");
-        let (code, page) = api.get("/api/v1/transactions?status=stalled").await;
-        assert_eq!(code, 200);
-        assert_eq!(page["transactions"][0]["gid"], "two-confirms", "{b}");
+        let stalled = ListQuery {
+            status: Some(Status::Stalled),
+            ..ListQuery::default()
+        };
+        let page = idem.list(&stalled).await;
+        assert!(page.is_ok(), "{b}: {page:?}");
+        let first = page.unwrap().transactions.into_iter().next().map(|t| t.gid);
+        assert_eq!(first.as_deref(), Some("two-confirms"), "{b}");
 
         // The participant comes back; the operator's retry finishes it.
         p.heal();
-        let (code, _) = api
-            .post("/api/v1/transactions/two-confirms/retry", json!({}))
-            .await;
-        assert_eq!(code, 200, "{b}");
-        api.wait_status("two-confirms", &["succeeded"], WAIT).await;
+        let retried = idem.retry("two-confirms").await;
+        assert!(retried.is_ok(), "{b}: {retried:?}");
+        wait_status(&idem, "two-confirms", &[Status::Succeeded], WAIT).await;
         assert_eq!(
             (
                 p.count("two-confirms", "/a/confirm"),
@@ -116,7 +118,7 @@ async fn two_confirms_that_always_fail_stall_and_the_operator_resumes_them() {
 /// (`retry_limit: 3, retry_interval: 1`), stayed `aborting` forever.
 #[tokio::test]
 async fn three_cancels_that_always_fail_stall_through_the_dtm_api() {
-    each_backend("three_cancels_stall_dtm", &[], |api, p, db| async move {
+    each_backend("three_cancels_stall_dtm", &[], |idem, api, p, db| async move {
         let b = db.backend;
         let gid = "dtm-cancels";
         let (code, body) = api
@@ -133,8 +135,8 @@ async fn three_cancels_that_always_fail_stall_through_the_dtm_api() {
         }
         let abort = json!({"gid": gid, "trans_type": "tcc", "retry_limit": 3, "retry_interval": 1});
         assert_eq!(api.post("/api/dtmsvr/abort", abort).await.0, 200, "{b}");
-        let tx = api.wait_status(gid, &["stalled"], WAIT).await;
-        assert_eq!(tx["stalled_from"], "aborting", "{b}");
+        let tx = wait_status(&idem, gid, &[Status::Stalled], WAIT).await;
+        assert_eq!(tx.stalled_from, Some(Status::Aborting), "{b}");
         for id in ["a", "b", "c"] {
             assert_eq!(p.count(gid, &format!("/{id}/cancel")), 3, "{b}: {id}");
         }
@@ -149,30 +151,56 @@ async fn three_cancels_that_always_fail_stall_through_the_dtm_api() {
 /// Seen: a concurrent saga whose two compensations always fail stayed `aborting`.
 #[tokio::test]
 async fn a_concurrent_saga_whose_compensations_always_fail_stalls() {
-    each_backend("saga_compensations_stall", &[], |api, p, db| async move {
-        let b = db.backend;
-        let gid = "saga-comp";
-        p.answer("/s3/action", None, FOREVER, 409);
-        p.answer("/s1/compensate", None, FOREVER, 500);
-        p.answer("/s2/compensate", None, FOREVER, 500);
-        let steps: Vec<Value> = (1..=3)
-            .map(|i| json!({"action": p.url(&format!("/s{i}/action")), "compensate": p.url(&format!("/s{i}/compensate"))}))
-            .collect();
-        let body = json!({
-            "gid": gid, "kind": "saga", "steps": steps,
-            "options": {"max_attempts": 3, "retry_interval_ms": 50, "concurrent": true, "orders": {"2": [0, 1]}},
-        });
-        assert_eq!(api.post("/api/v1/transactions", body).await.0, 201, "{b}");
-        let tx = api.wait_status(gid, &["stalled"], WAIT).await;
-        assert_eq!(tx["stalled_from"], "aborting", "{b}: {tx:#}");
-        assert_eq!((p.count(gid, "/s1/compensate"), p.count(gid, "/s2/compensate")), (3, 3), "{b}");
-        assert_eq!(p.count(gid, "/s3/compensate"), 1, "{b}: the refused step is compensated once");
-        p.heal();
-        api.post(&format!("/api/v1/transactions/{gid}/retry"), json!({})).await;
-        let tx = api.wait_status(gid, &["failed"], WAIT).await;
-        assert!(tx["reason"].as_str().unwrap().contains("03/action failed"), "{b}: {tx:#}");
-        db
-    })
+    each_backend(
+        "saga_compensations_stall",
+        &[],
+        |idem, _, p, db| async move {
+            let b = db.backend;
+            let gid = "saga-comp";
+            p.answer("/s3/action", None, FOREVER, 409);
+            p.answer("/s1/compensate", None, FOREVER, 500);
+            p.answer("/s2/compensate", None, FOREVER, 500);
+            let options = Options {
+                max_attempts: Some(3),
+                retry_interval_ms: Some(50),
+                concurrent: true,
+                orders: [("2".to_owned(), vec![0, 1])].into(),
+                ..Options::default()
+            };
+            let saga = (1..=3).fold(idem.saga(gid).options(options), |saga, i| {
+                saga.step(
+                    p.url(&format!("/s{i}/action")),
+                    p.url(&format!("/s{i}/compensate")),
+                    Value::Null,
+                )
+            });
+            let created = saga.create().await;
+            assert!(created.is_ok(), "{b}: {created:?}");
+            let tx = wait_status(&idem, gid, &[Status::Stalled], WAIT).await;
+            assert_eq!(tx.stalled_from, Some(Status::Aborting), "{b}: {tx:#?}");
+            assert_eq!(
+                (
+                    p.count(gid, "/s1/compensate"),
+                    p.count(gid, "/s2/compensate")
+                ),
+                (3, 3),
+                "{b}"
+            );
+            assert_eq!(
+                p.count(gid, "/s3/compensate"),
+                1,
+                "{b}: the refused step is compensated once"
+            );
+            p.heal();
+            idem.retry(gid).await.unwrap();
+            let tx = wait_status(&idem, gid, &[Status::Failed], WAIT).await;
+            assert!(
+                tx.reason.as_deref().unwrap().contains("03/action failed"),
+                "{b}: {tx:#?}"
+            );
+            db
+        },
+    )
     .await;
 }
 
@@ -180,37 +208,69 @@ async fn a_concurrent_saga_whose_compensations_always_fail_stalls() {
 /// even a 500) was asked again forever when no global timeout was set.
 #[tokio::test]
 async fn in_progress_answers_are_bounded_by_max_in_progress() {
-    each_backend("in_progress_bounded", &["--max-in-progress-ms", "1500"], |api, p, db| async move {
-        let b = db.backend;
-        // A saga step that is "in progress" forever is compensated.
-        p.answer("/slow/action", None, FOREVER, 425);
-        let steps = json!([{"action": p.url("/slow/action"), "compensate": p.url("/slow/compensate")}]);
-        let body = json!({"gid": "slow-saga", "kind": "saga", "steps": steps, "options": {"max_in_progress_ms": 800}});
-        api.post("/api/v1/transactions", body).await;
-        let tx = api.wait_status("slow-saga", &["failed"], WAIT).await;
-        assert!(tx["reason"].as_str().unwrap().contains("still in progress"), "{b}: {tx:#}");
-        assert_eq!(p.count("slow-saga", "/slow/compensate"), 1, "{b}");
+    each_backend(
+        "in_progress_bounded",
+        &["--max-in-progress-ms", "1500"],
+        |idem, api, p, db| async move {
+            let b = db.backend;
+            let capped = || Options {
+                max_in_progress_ms: Some(800),
+                ..Options::default()
+            };
+            // A saga step that is "in progress" forever is compensated.
+            p.answer("/slow/action", None, FOREVER, 425);
+            idem.saga("slow-saga")
+                .step(
+                    p.url("/slow/action"),
+                    p.url("/slow/compensate"),
+                    Value::Null,
+                )
+                .options(capped())
+                .create()
+                .await
+                .unwrap();
+            let tx = wait_status(&idem, "slow-saga", &[Status::Failed], WAIT).await;
+            assert!(
+                tx.reason.as_deref().unwrap().contains("still in progress"),
+                "{b}: {tx:#?}"
+            );
+            assert_eq!(p.count("slow-saga", "/slow/compensate"), 1, "{b}");
 
-        // A Confirm in progress forever stalls, visibly.
-        p.answer("/a/confirm", Some("slow-tcc"), FOREVER, 425);
-        let body = json!({"gid": "slow-tcc", "kind": "tcc", "branches": [branch(&p, "a")], "options": {"max_in_progress_ms": 800}});
-        api.post("/api/v1/transactions", body).await;
-        api.post("/api/v1/transactions/slow-tcc/submit", json!({})).await;
-        let tx = api.wait_status("slow-tcc", &["stalled"], WAIT).await;
-        assert!(tx["last_error"].as_str().unwrap().contains("still in progress"), "{b}: {tx:#}");
+            // A Confirm in progress forever stalls, visibly.
+            p.answer("/a/confirm", Some("slow-tcc"), FOREVER, 425);
+            let tcc = idem
+                .tcc("slow-tcc")
+                .options(capped())
+                .create()
+                .await
+                .unwrap();
+            register(&tcc, &p, "a").await.unwrap();
+            tcc.submit(false).await.unwrap();
+            let tx = wait_status(&idem, "slow-tcc", &[Status::Stalled], WAIT).await;
+            assert!(
+                tx.last_error
+                    .as_deref()
+                    .unwrap()
+                    .contains("still in progress"),
+                "{b}: {tx:#?}"
+            );
 
-        // DTM: a 500 whose body says ONGOING, under the server's default cap.
-        p.answer_body("/dtm/action", FOREVER, 500, r#"{"dtm_result":"ONGOING"}"#);
-        let submit = json!({
-            "gid": "dtm-ongoing", "trans_type": "saga",
-            "steps": [{"action": p.url("/dtm/action"), "compensate": p.url("/dtm/compensate")}],
-            "payloads": ["{}"],
-        });
-        assert_eq!(api.post("/api/dtmsvr/submit", submit).await.0, 200, "{b}");
-        let tx = api.wait_status("dtm-ongoing", &["failed"], WAIT).await;
-        assert_eq!(tx["options"]["max_in_progress_ms"], 1500, "{b}: the server default");
-        db
-    })
+            // DTM: a 500 whose body says ONGOING, under the server's default cap.
+            p.answer_body("/dtm/action", FOREVER, 500, r#"{"dtm_result":"ONGOING"}"#);
+            let submit = json!({
+                "gid": "dtm-ongoing", "trans_type": "saga",
+                "steps": [{"action": p.url("/dtm/action"), "compensate": p.url("/dtm/compensate")}],
+                "payloads": ["{}"],
+            });
+            assert_eq!(api.post("/api/dtmsvr/submit", submit).await.0, 200, "{b}");
+            let tx = wait_status(&idem, "dtm-ongoing", &[Status::Failed], WAIT).await;
+            assert_eq!(
+                tx.options.max_in_progress_ms, 1500,
+                "{b}: the server default"
+            );
+            db
+        },
+    )
     .await;
 }
 
@@ -218,22 +278,28 @@ async fn in_progress_answers_are_bounded_by_max_in_progress() {
 /// past its timeout, its row rewritten every second.
 #[tokio::test]
 async fn a_msg_without_back_check_fails_at_its_timeout_and_rests() {
-    each_backend("msg_without_back_check", &[], |api, p, db| async move {
+    each_backend("msg_without_back_check", &[], |idem, _, p, db| async move {
         let b = db.backend;
-        let body = json!({
-            "gid": "lonely-msg", "kind": "msg",
-            "steps": [{"action": p.url("/m/action")}],
-            "options": {"timeout_ms": 1000},
-        });
-        assert_eq!(api.post("/api/v1/transactions", body).await.0, 201, "{b}");
-        let tx = api.wait_status("lonely-msg", &["failed"], WAIT).await;
+        let options = Options {
+            timeout_ms: Some(1000),
+            ..Options::default()
+        };
+        let prepared = idem
+            .msg("lonely-msg")
+            .step(p.url("/m/action"), Value::Null)
+            .options(options)
+            .prepare()
+            .await;
+        assert!(prepared.is_ok(), "{b}: {prepared:?}");
+        let tx = wait_status(&idem, "lonely-msg", &[Status::Failed], WAIT).await;
         assert!(
-            tx["reason"].as_str().unwrap().contains("no query_prepared"),
-            "{b}: {tx:#}"
+            tx.reason.as_deref().unwrap().contains("no query_prepared"),
+            "{b}: {tx:#?}"
         );
-        assert_eq!(tx["next_attempt_at"], Value::Null, "{b}");
+        assert_eq!(tx.next_attempt_at, None, "{b}");
         assert_eq!(
-            tx["updated_at"], tx["finished_at"],
+            Some(tx.updated_at),
+            tx.finished_at,
             "{b}: not written after it failed"
         );
         assert!(p.calls().is_empty(), "{b}: the message was not delivered");
@@ -246,76 +312,57 @@ async fn a_msg_without_back_check_fails_at_its_timeout_and_rests() {
 /// and confirmed both branches.
 #[tokio::test]
 async fn submit_is_refused_when_a_try_failed_or_is_unsettled() {
-    each_backend("submit_refused_after_try", &[], |api, p, db| async move {
-        let b = db.backend;
-        for (gid, try_status, code) in [
-            ("try-refused", 409, "try_failed"),
-            ("try-unknown", 500, "try_not_succeeded"),
-        ] {
-            api.post("/api/v1/transactions", json!({"gid": gid, "kind": "tcc"}))
-                .await;
-            let mut good = branch(&p, "good");
-            good["try"] = json!(p.url("/good/try"));
-            let (c, _) = api
-                .post(&format!("/api/v1/transactions/{gid}/branches"), good)
-                .await;
-            assert_eq!(c, 200, "{b}");
-            p.answer("/bad/try", Some(gid), 1, try_status);
-            let mut bad = branch(&p, "bad");
-            bad["try"] = json!(p.url("/bad/try"));
-            let (c, _) = api
-                .post(&format!("/api/v1/transactions/{gid}/branches"), bad)
-                .await;
-            assert_ne!(c, 200, "{b}: the Try's refusal reaches the client");
-            let (c, err) = api
-                .post(&format!("/api/v1/transactions/{gid}/submit"), json!({}))
-                .await;
+    each_backend(
+        "submit_refused_after_try",
+        &[],
+        |idem, _, p, db| async move {
+            let b = db.backend;
+            for (gid, try_status, code) in [
+                ("try-refused", 409, "try_failed"),
+                ("try-unknown", 500, "try_not_succeeded"),
+            ] {
+                let tcc = idem.tcc(gid).create().await.unwrap();
+                let good = register_with_try(&tcc, &p, "good").await;
+                assert!(good.is_ok(), "{b}: {good:?}");
+                p.answer("/bad/try", Some(gid), 1, try_status);
+                let bad = register_with_try(&tcc, &p, "bad").await;
+                assert!(bad.is_err(), "{b}: the Try's refusal reaches the client");
+                let refused = tcc.submit(false).await;
+                assert_eq!(refusal(&refused), Some((409, code)), "{b}: {refused:?}");
+                let tx = idem.get(gid).await.unwrap();
+                assert_eq!(tx.status, Status::Prepared, "{b}: nothing changed");
+                assert_eq!(p.count(gid, "/confirm"), 0, "{b}: nothing confirmed");
+                // What the client does instead: abort; every branch is cancelled.
+                let tx = typed::operate_waiting(&idem, gid, "abort", None).await;
+                assert_eq!(
+                    tx.as_ref().map(|t| t.status),
+                    Ok(Status::Failed),
+                    "{b}: {tx:?}"
+                );
+                assert_eq!(p.count(gid, "/cancel"), 2, "{b}");
+            }
+            // An unknown Try called again successfully (registering again calls it) lets the
+            // commit through.
+            let gid = "try-again";
+            let tcc = idem.tcc(gid).create().await.unwrap();
+            p.answer("/flaky/try", Some(gid), 1, 503);
+            let unknown = register_with_try(&tcc, &p, "flaky").await;
             assert_eq!(
-                (c, err["error"]["code"].as_str()),
-                (409, Some(code)),
-                "{b}: {err}"
+                refusal(&unknown).map(|r| r.0),
+                Some(502),
+                "{b}: {unknown:?}"
             );
-            let (_, tx) = api.get(&format!("/api/v1/transactions/{gid}")).await;
-            assert_eq!(tx["status"], "prepared", "{b}: nothing changed");
-            assert_eq!(p.count(gid, "/confirm"), 0, "{b}: nothing confirmed");
-            // What the client does instead: abort; every branch is cancelled.
-            let (c, tx) = api
-                .post(
-                    &format!("/api/v1/transactions/{gid}/abort"),
-                    json!({"wait_result": true}),
-                )
-                .await;
+            let again = register_with_try(&tcc, &p, "flaky").await;
+            assert!(again.is_ok(), "{b}: {again:?}");
+            let tx = tcc.submit(true).await;
             assert_eq!(
-                (c, tx["status"].as_str()),
-                (200, Some("failed")),
-                "{b}: {tx}"
+                tx.as_ref().map(|t| t.status),
+                Ok(Status::Succeeded),
+                "{b}: {tx:?}"
             );
-            assert_eq!(p.count(gid, "/cancel"), 2, "{b}");
-        }
-        // An unknown Try called again successfully (registering again calls it) lets the
-        // commit through.
-        let gid = "try-again";
-        api.post("/api/v1/transactions", json!({"gid": gid, "kind": "tcc"}))
-            .await;
-        let mut flaky = branch(&p, "flaky");
-        flaky["try"] = json!(p.url("/flaky/try"));
-        p.answer("/flaky/try", Some(gid), 1, 503);
-        let path = format!("/api/v1/transactions/{gid}/branches");
-        assert_eq!(api.post(&path, flaky.clone()).await.0, 502, "{b}");
-        assert_eq!(api.post(&path, flaky).await.0, 200, "{b}");
-        let (c, tx) = api
-            .post(
-                &format!("/api/v1/transactions/{gid}/submit"),
-                json!({"wait_result": true}),
-            )
-            .await;
-        assert_eq!(
-            (c, tx["status"].as_str()),
-            (200, Some("succeeded")),
-            "{b}: {tx}"
-        );
-        db
-    })
+            db
+        },
+    )
     .await;
 }
 
@@ -365,22 +412,33 @@ async fn poison_branch_writes(db: &TestDatabase) {
 /// database refuses for good must end in `stalled` with the reason.
 #[tokio::test]
 async fn a_write_the_database_refuses_for_good_stalls_with_the_reason() {
-    each_backend("refused_write_stalls", &[], |api, p, db| async move {
+    each_backend("refused_write_stalls", &[], |idem, _, p, db| async move {
         let b = db.backend;
         poison_branch_writes(&db).await;
         p.answer_body("/s1/action", 1, 500, "POISON");
-        let steps = json!([{"action": p.url("/s1/action"), "compensate": p.url("/s1/compensate")}]);
-        let body = json!({"gid": "poisoned", "kind": "saga", "steps": steps, "options": {"max_attempts": 3}});
-        assert_eq!(api.post("/api/v1/transactions", body).await.0, 201, "{b}");
-        let tx = api.wait_status("poisoned", &["stalled"], WAIT).await;
-        let error = tx["last_error"].as_str().unwrap();
-        assert!(error.contains("cannot store progress") && error.contains("poisoned row"), "{b}: {error}");
-        assert_eq!(tx["stalled_from"], "running", "{b}");
+        let options = Options {
+            max_attempts: Some(3),
+            ..Options::default()
+        };
+        let created = idem
+            .saga("poisoned")
+            .step(p.url("/s1/action"), p.url("/s1/compensate"), Value::Null)
+            .options(options)
+            .create()
+            .await;
+        assert!(created.is_ok(), "{b}: {created:?}");
+        let tx = wait_status(&idem, "poisoned", &[Status::Stalled], WAIT).await;
+        let error = tx.last_error.as_deref().unwrap();
+        assert!(
+            error.contains("cannot store progress") && error.contains("poisoned row"),
+            "{b}: {error}"
+        );
+        assert_eq!(tx.stalled_from, Some(Status::Running), "{b}");
         assert_eq!(p.count("poisoned", "/s1/action"), 1, "{b}: not re-sent");
         // The operator fixes the cause and resumes: the step runs again and succeeds.
-        let (code, _) = api.post("/api/v1/transactions/poisoned/retry", json!({})).await;
-        assert_eq!(code, 200, "{b}");
-        api.wait_status("poisoned", &["succeeded"], WAIT).await;
+        let retried = idem.retry("poisoned").await;
+        assert!(retried.is_ok(), "{b}: {retried:?}");
+        wait_status(&idem, "poisoned", &[Status::Succeeded], WAIT).await;
         db
     })
     .await;

@@ -7,19 +7,26 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::recorder::{Call, Recorder};
-use common::{Api, Child, idem_cli};
+use common::typed::{self, register, wait_all, wait_status};
+use common::{Child, idem_cli};
+use idem_client::{Client, Error, Status, TxView};
 use idem_participant::testing::{Backend, TestDatabase};
-use serde_json::json;
+use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn tcc_branch(p: &Recorder, id: &str) -> serde_json::Value {
-    json!({
-        "branch_id": id,
-        "confirm": p.url(&format!("/{id}/confirm")),
-        "cancel": p.url(&format!("/{id}/cancel")),
-        "payload": {"branch": id},
-    })
+/// Creates a saga of `steps` (numbered from 1) on the recorder, without payloads.
+async fn create_saga(
+    idem: &Client,
+    p: &Recorder,
+    gid: &str,
+    steps: usize,
+) -> Result<TxView, Error> {
+    let saga = (1..=steps).fold(idem.saga(gid), |saga, s| {
+        let action = p.url(&format!("/s{s}/action"));
+        saga.step(action, p.url(&format!("/s{s}/compensate")), Value::Null)
+    });
+    saga.create().await
 }
 
 /// Calls per (gid, branch_id, op).
@@ -30,12 +37,6 @@ fn tally(calls: &[Call]) -> BTreeMap<(String, String, String), usize> {
             .or_insert(0) += 1;
     }
     out
-}
-
-async fn wait_all(api: &Api, gids: &[String], statuses: &[&str]) {
-    for gid in gids {
-        api.wait_status(gid, statuses, WAIT).await;
-    }
 }
 
 async fn restart_recovery(db: TestDatabase) {
@@ -52,43 +53,27 @@ async fn restart_recovery(db: TestDatabase) {
     }
     p.delay("/s2/action", None, 1_000, Duration::from_millis(150));
     let first = Child::serve(&db.url, "first", &[]);
-    let api = Api::new(first.url.clone());
+    let idem = typed::client(&first.url);
     let mut tcc = Vec::new();
     for i in 0..12 {
         let gid = format!("tcc-{i}");
-        api.post("/api/v1/transactions", json!({"gid": gid, "kind": "tcc"}))
-            .await;
+        let created = idem.tcc(&gid).create().await.unwrap();
         for id in ["a", "b"] {
-            let (code, body) = api
-                .post(
-                    &format!("/api/v1/transactions/{gid}/branches"),
-                    tcc_branch(&p, id),
-                )
-                .await;
-            assert_eq!(code, 200, "{backend}: {body}");
+            let registered = register(&created, &p, id).await;
+            assert!(registered.is_ok(), "{backend}: {registered:?}");
         }
         tcc.push(gid);
     }
     let mut sagas = Vec::new();
     for i in 0..8 {
         let gid = format!("saga-{i}");
-        let steps: Vec<_> = (1..=3)
-            .map(|s| json!({"action": p.url(&format!("/s{s}/action")), "compensate": p.url(&format!("/s{s}/compensate"))}))
-            .collect();
-        let (code, _) = api
-            .post(
-                "/api/v1/transactions",
-                json!({"gid": gid, "kind": "saga", "steps": steps}),
-            )
-            .await;
-        assert_eq!(code, 201);
+        let created = create_saga(&idem, &p, &gid, 3).await;
+        assert!(created.is_ok(), "{backend}: {created:?}");
         sagas.push(gid);
     }
     for gid in &tcc {
-        let (code, body) = api
-            .post(&format!("/api/v1/transactions/{gid}/submit"), json!({}))
-            .await;
-        assert_eq!(code, 200, "{backend}: {body}");
+        let submitted = idem.submit(gid, false).await;
+        assert!(submitted.is_ok(), "{backend}: {submitted:?}");
     }
     // Some Confirms have been answered, not all: kill it.
     p.wait_until(WAIT, |calls| {
@@ -99,9 +84,9 @@ async fn restart_recovery(db: TestDatabase) {
     let answered_before = p.calls().len();
 
     let second = Child::serve(&db.url, "second", &[]);
-    let api = Api::new(second.url.clone());
-    wait_all(&api, &tcc, &["succeeded"]).await;
-    wait_all(&api, &sagas, &["succeeded"]).await;
+    let idem = typed::client(&second.url);
+    wait_all(&idem, &tcc, &[Status::Succeeded], WAIT).await;
+    wait_all(&idem, &sagas, &[Status::Succeeded], WAIT).await;
     let t = tally(&p.calls());
     for gid in &tcc {
         for id in ["a", "b"] {
@@ -165,39 +150,25 @@ async fn two_coordinators(db: TestDatabase) {
     let p = Recorder::start().await;
     let a = Child::serve(&db.url, "a", &["--prepared-timeout-ms", "1500"]);
     let b = Child::serve(&db.url, "b", &["--prepared-timeout-ms", "1500"]);
-    let apis = [Api::new(a.url.clone()), Api::new(b.url.clone())];
+    let clients = [typed::client(&a.url), typed::client(&b.url)];
     let mut timeouts = Vec::new();
     for i in 0..30 {
-        let api = &apis[i % 2];
         let gid = format!("timeout-{i}");
-        api.post("/api/v1/transactions", json!({"gid": gid, "kind": "tcc"}))
-            .await;
+        let tcc = clients[i % 2].tcc(&gid).create().await.unwrap();
         for id in ["a", "b"] {
-            api.post(
-                &format!("/api/v1/transactions/{gid}/branches"),
-                tcc_branch(&p, id),
-            )
-            .await;
+            register(&tcc, &p, id).await.unwrap();
         }
         timeouts.push(gid);
     }
     let mut sagas = Vec::new();
     for i in 0..30 {
         let gid = format!("saga-{i}");
-        let steps: Vec<_> = (1..=2)
-            .map(|s| json!({"action": p.url(&format!("/s{s}/action")), "compensate": p.url(&format!("/s{s}/compensate"))}))
-            .collect();
-        let (code, _) = apis[i % 2]
-            .post(
-                "/api/v1/transactions",
-                json!({"gid": gid, "kind": "saga", "steps": steps}),
-            )
-            .await;
-        assert_eq!(code, 201);
+        let created = create_saga(&clients[i % 2], &p, &gid, 2).await;
+        assert!(created.is_ok(), "{backend}: {created:?}");
         sagas.push(gid);
     }
-    wait_all(&apis[0], &timeouts, &["failed"]).await;
-    wait_all(&apis[1], &sagas, &["succeeded"]).await;
+    wait_all(&clients[0], &timeouts, &[Status::Failed], WAIT).await;
+    wait_all(&clients[1], &sagas, &[Status::Succeeded], WAIT).await;
     let t = tally(&p.calls());
     for gid in &timeouts {
         for id in ["a", "b"] {
@@ -250,30 +221,22 @@ async fn paused_owner(db: TestDatabase) {
     p.delay("/s1/action", None, 1, Duration::from_millis(800));
     let stale = Child::serve(&db.url, "stale", &[]);
     let fresh = Child::serve(&db.url, "fresh", &[]);
-    let api = Api::new(stale.url.clone());
-    let steps = json!([{"action": p.url("/s1/action"), "compensate": p.url("/s1/compensate")},
-                       {"action": p.url("/s2/action"), "compensate": p.url("/s2/compensate")}]);
-    api.post(
-        "/api/v1/transactions",
-        json!({"gid": "paused", "kind": "saga", "steps": steps}),
-    )
-    .await;
+    create_saga(&typed::client(&stale.url), &p, "paused", 2)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     stale.signal("STOP");
     // The lease (1.5 s) lapses; the other coordinator claims and finishes the saga.
-    let done = Api::new(fresh.url.clone())
-        .wait_status("paused", &["succeeded"], WAIT)
-        .await;
+    let idem = typed::client(&fresh.url);
+    let done = wait_status(&idem, "paused", &[Status::Succeeded], WAIT).await;
     stale.signal("CONT");
     // Give the woken owner time to try its stale writes, then check nothing moved.
     let calls_after = p.calls().len();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let (_, now) = Api::new(fresh.url.clone())
-        .get("/api/v1/transactions/paused")
-        .await;
-    assert_eq!(now["status"], "succeeded", "{backend}");
+    let now = idem.get("paused").await.unwrap();
+    assert_eq!(now.status, Status::Succeeded, "{backend}");
     assert_eq!(
-        now["updated_at"], done["updated_at"],
+        now.updated_at, done.updated_at,
         "{backend}: the stale owner wrote nothing"
     );
     let late: Vec<String> = p.calls()[calls_after..]
@@ -310,23 +273,13 @@ async fn operator_commands_list_show_retry_and_force_stop() {
         .unwrap();
     let p = Recorder::start().await;
     let server = Child::serve(&db.url, "ops", &["--max-attempts", "2"]);
-    let api = Api::new(server.url.clone());
+    let idem = typed::client(&server.url);
     for gid in ["stuck-1", "stuck-2"] {
-        api.post("/api/v1/transactions", json!({"gid": gid, "kind": "tcc"}))
-            .await;
-        api.post(
-            &format!("/api/v1/transactions/{gid}/branches"),
-            tcc_branch(&p, "a"),
-        )
-        .await;
+        let tcc = idem.tcc(gid).create().await.unwrap();
+        register(&tcc, &p, "a").await.unwrap();
         p.answer("/a/confirm", Some(gid), 2, 500);
-        let (_, tx) = api
-            .post(
-                &format!("/api/v1/transactions/{gid}/submit"),
-                json!({"wait_result": true}),
-            )
-            .await;
-        assert_eq!(tx["status"], "stalled", "{tx:#}");
+        let tx = tcc.submit(true).await.unwrap();
+        assert_eq!(tx.status, Status::Stalled, "{tx:#?}");
     }
     let list = idem_cli(&["tx", "list", "--server", &server.url, "--status", "stalled"]);
     assert!(
@@ -350,7 +303,7 @@ async fn operator_commands_list_show_retry_and_force_stop() {
     // The server takes the retried transaction and completes it.
     let out = idem_cli(&["tx", "retry", "--server", &server.url, "stuck-1"]);
     assert!(out.contains("committing"), "{out}");
-    api.wait_status("stuck-1", &["succeeded"], WAIT).await;
+    wait_status(&idem, "stuck-1", &[Status::Succeeded], WAIT).await;
 
     let out = idem_cli(&[
         "tx",
@@ -362,10 +315,10 @@ async fn operator_commands_list_show_retry_and_force_stop() {
         "refunded by hand",
     ]);
     assert!(out.contains("failed"), "{out}");
-    let (_, tx) = api.get("/api/v1/transactions/stuck-2").await;
+    let tx = idem.get("stuck-2").await.unwrap();
     assert_eq!(
-        (tx["status"].as_str(), tx["reason"].as_str()),
-        (Some("failed"), Some("refunded by hand"))
+        (tx.status, tx.reason.as_deref()),
+        (Status::Failed, Some("refunded by hand"))
     );
     assert_eq!(
         p.paths("stuck-2"),
@@ -387,14 +340,14 @@ async fn restart_under_the_same_node_name_resumes_without_waiting_for_the_lease(
     p.delay("/a/confirm", None, 1_000, Duration::from_millis(300));
     let long_lease = ["--lease-ms", "60000"];
     let first = Child::serve(&db.url, "node-1", &long_lease);
-    let api = Api::new(first.url.clone());
+    let idem = typed::client(&first.url);
     let mut gids = Vec::new();
     for i in 0..5 {
         let gid = format!("resume-{i}");
-        let body = json!({"gid": gid, "kind": "tcc", "branches": [tcc_branch(&p, "a")]});
-        assert_eq!(api.post("/api/v1/transactions", body).await.0, 201);
-        api.post(&format!("/api/v1/transactions/{gid}/submit"), json!({}))
-            .await;
+        let tcc = idem.tcc(&gid).create().await;
+        assert!(tcc.is_ok(), "{tcc:?}");
+        register(&tcc.unwrap(), &p, "a").await.unwrap();
+        idem.submit(&gid, false).await.unwrap();
         gids.push(gid);
     }
     p.wait_until(WAIT, |calls| calls.iter().any(|c| c.op == "confirm"))
@@ -402,7 +355,8 @@ async fn restart_under_the_same_node_name_resumes_without_waiting_for_the_lease(
     first.kill();
     let started = std::time::Instant::now();
     let second = Child::serve(&db.url, "node-1", &long_lease);
-    wait_all(&Api::new(second.url.clone()), &gids, &["succeeded"]).await;
+    let idem = typed::client(&second.url);
+    wait_all(&idem, &gids, &[Status::Succeeded], WAIT).await;
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "took {:?}: it waited for the lease",

@@ -1,26 +1,37 @@
 //! A coordinator among others for months: a skewed host clock, node names that pods share,
 //! overload, SIGTERM, waits that are never notified, a stale cached copy. Real `idem
 //! serve` processes (or in-process servers where a setting has no flag), real HTTP, on
-//! the databases several coordinators share.
+//! the databases several coordinators share. The applications and operators in them use
+//! the typed client.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use common::Child;
 use common::recorder::{Call, Recorder};
-use common::{Api, Child};
+use common::typed::{self, wait_status};
+use idem_client::{Client, Options, SagaBuilder, Status};
 use idem_participant::testing::{Backend, TestDatabase};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn saga(p: &Recorder, gid: &str, steps: &[&str]) -> Value {
-    let steps: Vec<Value> = steps
-        .iter()
-        .map(|s| json!({"action": p.url(&format!("/{s}/action")), "compensate": p.url(&format!("/{s}/compensate"))}))
-        .collect();
-    json!({"gid": gid, "kind": "saga", "steps": steps})
+/// A saga of `steps` on the recorder, without payloads, ready to create.
+fn saga(idem: &Client, p: &Recorder, gid: &str, steps: &[&str]) -> SagaBuilder {
+    steps.iter().fold(idem.saga(gid), |saga, s| {
+        let action = p.url(&format!("/{s}/action"));
+        saga.step(action, p.url(&format!("/{s}/compensate")), Value::Null)
+    })
+}
+
+/// A TCC's options with only its global timeout set.
+fn timeout_after(ms: u64) -> Options {
+    Options {
+        timeout_ms: Some(ms),
+        ..Options::default()
+    }
 }
 
 async fn shared_databases(test: &str) -> Vec<TestDatabase> {
@@ -43,58 +54,54 @@ async fn a_coordinator_whose_clock_runs_a_minute_ahead_neither_takes_over_nor_ab
         let p = Recorder::start().await;
         p.delay("/slow/action", None, 1, Duration::from_secs(4));
         let steady = Child::serve(&db.url, "steady", &[]);
-        let api = Api::new(steady.url.clone());
-        let prepared =
-            json!({"gid": "prepared-30s", "kind": "tcc", "options": {"timeout_ms": 30_000}});
-        assert_eq!(
-            api.post("/api/v1/transactions", prepared).await.0,
-            201,
-            "{b}"
-        );
-        let sentinel =
-            json!({"gid": "prepared-1s", "kind": "tcc", "options": {"timeout_ms": 1_000}});
-        assert_eq!(
-            api.post("/api/v1/transactions", sentinel).await.0,
-            201,
-            "{b}"
-        );
-        assert_eq!(
-            api.post("/api/v1/transactions", saga(&p, "slow-saga", &["slow"]))
-                .await
-                .0,
-            201,
-            "{b}"
-        );
+        let idem = typed::client(&steady.url);
+        let prepared = idem
+            .tcc("prepared-30s")
+            .options(timeout_after(30_000))
+            .create()
+            .await;
+        assert!(prepared.is_ok(), "{b}: {prepared:?}");
+        let sentinel = idem
+            .tcc("prepared-1s")
+            .options(timeout_after(1_000))
+            .create()
+            .await;
+        assert!(sentinel.is_ok(), "{b}: {sentinel:?}");
+        let created = saga(&idem, &p, "slow-saga", &["slow"]).create().await;
+        assert!(created.is_ok(), "{b}: {created:?}");
         p.wait_until(WAIT, |c| c.iter().any(|c| c.path == "/slow/action"))
             .await;
 
         let skewed = Child::serve(&db.url, "skewed", &["--test-clock-offset-ms", "60000"]);
-        let skewed_api = Api::new(skewed.url.clone());
+        let skewed_idem = typed::client(&skewed.url);
         // The skewed node tells the database's time, not its own.
-        let (_, own) = skewed_api
-            .post("/api/v1/transactions", saga(&p, "via-skewed", &["quick"]))
-            .await;
-        let (_, reference) = api.get("/api/v1/transactions/prepared-1s").await;
-        let drift = own["created_at"].as_i64().unwrap() - reference["created_at"].as_i64().unwrap();
+        let own = saga(&skewed_idem, &p, "via-skewed", &["quick"])
+            .create()
+            .await
+            .unwrap();
+        let reference = idem.get("prepared-1s").await.unwrap();
+        let drift = own.created_at - reference.created_at;
         assert!(
             (0..20_000).contains(&drift),
             "{b}: created {drift} ms after the other node's"
         );
-        skewed_api
-            .wait_status("via-skewed", &["succeeded"], WAIT)
-            .await;
+        wait_status(&skewed_idem, "via-skewed", &[Status::Succeeded], WAIT).await;
 
         // Both recovery loops run while the slow step is under way and the short timeout
         // passes.
-        api.wait_status("prepared-1s", &["failed"], WAIT).await;
-        api.wait_status("slow-saga", &["succeeded"], WAIT).await;
+        wait_status(&idem, "prepared-1s", &[Status::Failed], WAIT).await;
+        wait_status(&idem, "slow-saga", &[Status::Succeeded], WAIT).await;
         assert_eq!(
             p.count("slow-saga", "/slow/action"),
             1,
             "{b}: taken over while its owner was calling"
         );
-        let (_, tx) = api.get("/api/v1/transactions/prepared-30s").await;
-        assert_eq!(tx["status"], "prepared", "{b}: aborted 30 s early: {tx:#}");
+        let tx = idem.get("prepared-30s").await.unwrap();
+        assert_eq!(
+            tx.status,
+            Status::Prepared,
+            "{b}: aborted 30 s early: {tx:#?}"
+        );
         drop((steady, skewed));
         db.drop_database().await;
     }
@@ -121,17 +128,13 @@ async fn pods_sharing_a_name_prefix_or_the_default_name_keep_each_others_leases(
     ] {
         let gid = format!("slow-{}", first.len());
         let a = Child::serve(&db.url, first, &long_lease);
-        let api = Api::new(a.url.clone());
-        assert_eq!(
-            api.post("/api/v1/transactions", saga(&p, &gid, &["slow"]))
-                .await
-                .0,
-            201
-        );
+        let idem = typed::client(&a.url);
+        let created = saga(&idem, &p, &gid, &["slow"]).create().await;
+        assert!(created.is_ok(), "{created:?}");
         p.wait_until(WAIT, |c| c.iter().any(|c| c.gid == gid)).await;
         // Its peer starts while the call is under way.
         let b = Child::serve(&db.url, second, &long_lease);
-        api.wait_status(&gid, &["succeeded"], WAIT).await;
+        wait_status(&idem, &gid, &[Status::Succeeded], WAIT).await;
         assert_eq!(
             p.count(&gid, "/slow/action"),
             1,
@@ -152,20 +155,16 @@ async fn a_round_waiting_for_a_call_slot_keeps_its_lease() {
             c.engine.max_concurrent_calls = 1;
         })
         .await;
-        let api = Api::new(server.url());
+        let idem = typed::client(&server.url());
         let p = Recorder::start().await;
         p.delay("/s/action", None, 1_000, Duration::from_millis(500));
         let gids: Vec<String> = (0..8).map(|i| format!("queued-{i}")).collect();
         for gid in &gids {
-            assert_eq!(
-                api.post("/api/v1/transactions", saga(&p, gid, &["s"]))
-                    .await
-                    .0,
-                201
-            );
+            let created = saga(&idem, &p, gid, &["s"]).create().await;
+            assert!(created.is_ok(), "{created:?}");
         }
         for gid in &gids {
-            api.wait_status(gid, &["succeeded"], WAIT).await;
+            wait_status(&idem, gid, &[Status::Succeeded], WAIT).await;
             assert_eq!(
                 p.count(gid, "/s/action"),
                 1,
@@ -197,25 +196,17 @@ async fn sigterm_answers_waits_stops_calling_and_leaves_the_rest_to_the_other_no
     }
     let mut stopping = Child::serve(&db.url, "stopping", &["--shutdown-timeout-ms", "2000"]);
     let other = Child::serve(&db.url, "other", &[]);
-    let api = Api::new(stopping.url.clone());
+    let idem = typed::client(&stopping.url);
     let gids: Vec<String> = (0..40).map(|i| format!("inflight-{i:02}")).collect();
     for gid in &gids {
-        assert_eq!(
-            api.post("/api/v1/transactions", saga(&p, gid, &["s1", "s2"]))
-                .await
-                .0,
-            201
-        );
+        let created = saga(&idem, &p, gid, &["s1", "s2"]).create().await;
+        assert!(created.is_ok(), "{created:?}");
     }
-    let mut waiting = saga(&p, "waited-on", &["s1", "s2"]);
-    waiting["wait_result"] = json!(true);
-    let waiter = {
-        let api = api.clone();
-        tokio::spawn(async move {
-            let answer = api.post("/api/v1/transactions", waiting).await;
-            (answer, Instant::now())
-        })
-    };
+    let waiting = saga(&idem, &p, "waited-on", &["s1", "s2"]).wait_result(true);
+    let waiter = tokio::spawn(async move {
+        let answer = waiting.create().await;
+        (answer, Instant::now())
+    });
     p.wait_until(WAIT, |c| c.len() >= 10).await;
     stopping.signal("TERM");
     let signalled = Instant::now();
@@ -231,16 +222,16 @@ async fn sigterm_answers_waits_stops_calling_and_leaves_the_rest_to_the_other_no
         "took {:?}",
         exited - signalled
     );
-    let ((code, tx), answered) = waiter.await.unwrap();
-    assert_eq!(code, 201, "{tx}");
+    let (answer, answered) = waiter.await.unwrap();
+    assert!(answer.is_ok(), "{answer:?}");
     assert!(
         answered <= exited,
         "the open wait was answered before the exit"
     );
 
-    let other_api = Api::new(other.url.clone());
+    let other_idem = typed::client(&other.url);
     for gid in gids.iter().chain(std::iter::once(&"waited-on".to_owned())) {
-        other_api.wait_status(gid, &["succeeded"], WAIT).await;
+        wait_status(&other_idem, gid, &[Status::Succeeded], WAIT).await;
     }
     let calls = p.calls();
     let by = |node: &str| -> Vec<&Call> {
@@ -282,17 +273,13 @@ async fn waits_leave_nothing_behind() {
         .unwrap();
     let server =
         common::coordinator_with(&db.url, |c| c.wait_timeout = Duration::from_millis(300)).await;
-    let api = Api::new(server.url());
+    let idem = typed::client(&server.url());
     let p = Recorder::start().await;
-    let mut done = saga(&p, "done", &["a"]);
-    done["wait_result"] = json!(true);
-    assert_eq!(
-        api.post("/api/v1/transactions", done.clone()).await.1["status"],
-        "succeeded"
-    );
+    let done = || saga(&idem, &p, "done", &["a"]).wait_result(true).create();
+    assert_eq!(done().await.map(|t| t.status), Ok(Status::Succeeded));
     // Repeats of a settled one: nothing will ever notify these waits.
     for _ in 0..20 {
-        api.post("/api/v1/transactions", done.clone()).await;
+        done().await.unwrap();
     }
     assert_eq!(
         server.engine.waiting(),
@@ -301,20 +288,19 @@ async fn waits_leave_nothing_behind() {
     );
     // A wait that times out, and a client that gives up, while the saga still runs.
     p.delay("/slow/action", None, 1, Duration::from_secs(3));
-    let mut slow = saga(&p, "slow", &["slow"]);
-    slow["wait_result"] = json!(true);
-    let (_, tx) = api.post("/api/v1/transactions", slow.clone()).await;
-    assert_eq!(tx["status"], "running", "the wait timed out first");
+    let slow = || {
+        saga(&idem, &p, "slow", &["slow"])
+            .wait_result(true)
+            .create()
+    };
+    let tx = slow().await.unwrap();
+    assert_eq!(tx.status, Status::Running, "the wait timed out first");
     assert_eq!(
         server.engine.waiting(),
         0,
         "a timed-out wait left its entry"
     );
-    let gone = tokio::time::timeout(
-        Duration::from_millis(50),
-        api.post("/api/v1/transactions", slow),
-    )
-    .await;
+    let gone = tokio::time::timeout(Duration::from_millis(50), slow()).await;
     assert!(gone.is_err());
     // The abandoned request's wait ends at the server's wait timeout, not at the outcome.
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -325,9 +311,10 @@ async fn waits_leave_nothing_behind() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (_, tx) = api.get("/api/v1/transactions/slow").await;
+    let tx = idem.get("slow").await.unwrap();
     assert_eq!(
-        tx["status"], "running",
+        tx.status,
+        Status::Running,
         "removed by the wait itself, not by the outcome"
     );
     server.stop().await.unwrap();
@@ -343,29 +330,30 @@ async fn a_retry_through_a_node_with_a_stale_copy_resumes_the_stall() {
         let p = Recorder::start().await;
         let first = Child::serve(&db.url, "first", &[]);
         let second = Child::serve(&db.url, "second", &[]);
-        let (api1, api2) = (Api::new(first.url.clone()), Api::new(second.url.clone()));
-        let branch =
-            json!({"branch_id": "a", "confirm": p.url("/a/confirm"), "cancel": p.url("/a/cancel")});
-        let create = json!({"gid": "stale", "kind": "tcc", "branches": [branch], "options": {"max_attempts": 2}});
-        // The first node keeps a copy from the create: prepared.
-        assert_eq!(
-            api1.post("/api/v1/transactions", create).await.0,
-            201,
-            "{b}"
-        );
+        let (idem1, idem2) = (typed::client(&first.url), typed::client(&second.url));
+        let options = Options {
+            max_attempts: Some(2),
+            ..Options::default()
+        };
+        // The first node keeps a copy from the create and the registration: prepared.
+        let tcc = idem1.tcc("stale").options(options).create().await;
+        assert!(tcc.is_ok(), "{b}: {tcc:?}");
+        let (confirm, cancel) = (p.url("/a/confirm"), p.url("/a/cancel"));
+        tcc.unwrap()
+            .register("a", &confirm, &cancel, Value::Null)
+            .await
+            .unwrap();
         p.answer("/a/confirm", None, 2, 500);
-        api2.post("/api/v1/transactions/stale/submit", json!({}))
-            .await;
-        api2.wait_status("stale", &["stalled"], WAIT).await;
-        let (code, tx) = api1
-            .post("/api/v1/transactions/stale/retry", json!({}))
-            .await;
-        assert_eq!(code, 200, "{b}: {tx}");
+        idem2.submit("stale", false).await.unwrap();
+        wait_status(&idem2, "stale", &[Status::Stalled], WAIT).await;
+        let tx = idem1.retry("stale").await;
+        assert!(tx.is_ok(), "{b}: {tx:?}");
         assert_ne!(
-            tx["status"], "prepared",
+            tx.unwrap().status,
+            Status::Prepared,
             "{b}: answered from the stale copy"
         );
-        api1.wait_status("stale", &["succeeded"], WAIT).await;
+        wait_status(&idem1, "stale", &[Status::Succeeded], WAIT).await;
         drop((first, second));
         db.drop_database().await;
     }

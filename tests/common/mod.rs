@@ -40,6 +40,7 @@ pub async fn cleanup(dbs: Vec<(TestDatabase, Arc<dyn Store>)>) {
 
 pub mod private_postgres;
 pub mod recorder;
+pub mod typed;
 
 use std::time::Duration;
 
@@ -70,7 +71,9 @@ pub async fn coordinator_with(url: &str, tweak: impl FnOnce(&mut ServerConfig)) 
         .expect("coordinator starts")
 }
 
-/// A JSON client for the coordinator's API.
+/// The raw, wire-level client of the coordinator's API: exact status codes, malformed or
+/// unusual bodies, the JSON shape of answers, DTM's front door. Tests that act as an
+/// application or an operator use the typed client instead ([`typed`]).
 #[derive(Clone)]
 pub struct Api {
     pub base: String,
