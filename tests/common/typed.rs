@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem_client::{Client, Error, ErrorBody, RetryPolicy, Status, Tcc, TxView};
+use idem_client::{Client, Error, ErrorBody, RetryPolicy, Status, Tcc, TryOutcome, TxView};
 use serde_json::json;
 
 use super::recorder::Recorder;
@@ -71,22 +71,22 @@ pub async fn operate_waiting(
         .json(&body)
         .send()
         .await
-        .map_err(|e| Error::Transport(e.to_string()))?;
+        .map_err(|e| Error::Transport(e.to_string().into()))?;
     let status = answer.status().as_u16();
     let text = answer
         .text()
         .await
-        .map_err(|e| Error::Transport(e.to_string()))?;
+        .map_err(|e| Error::Transport(e.to_string().into()))?;
     if status != 200 {
-        let body: ErrorBody =
-            serde_json::from_str(&text).map_err(|e| Error::Decode(format!("{e}: {text}")))?;
+        let body: ErrorBody = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("not an error body ({e}): {text}"));
         return Err(Error::Api {
             status,
             code: body.error.code,
             message: body.error.message,
         });
     }
-    serde_json::from_str(&text).map_err(|e| Error::Decode(format!("{e}: {text}")))
+    Ok(serde_json::from_str(&text).unwrap_or_else(|e| panic!("not a view ({e}): {text}")))
 }
 
 /// The API's status and code of a refused request, for assertions; `None` when it was not
@@ -106,12 +106,26 @@ pub async fn register(tcc: &Tcc, p: &Recorder, id: &str) -> Result<(), Error> {
         .await
 }
 
-/// [`register`], and the coordinator calls its Try at `/{id}/try`.
+/// [`register`], and the coordinator calls its Try at `/{id}/try`. A Try that did not
+/// succeed comes back as the API's refusal (`409 try_failed`, `425 try_in_progress`, `502
+/// try_unknown`), which is how these tests assert on it.
 pub async fn register_with_try(tcc: &Tcc, p: &Recorder, id: &str) -> Result<(), Error> {
     let (confirm, cancel) = branch_urls(p, id);
     let try_url = p.url(&format!("/{id}/try"));
-    tcc.register_with_try(id, &try_url, &confirm, &cancel, json!({"branch": id}))
-        .await
+    let outcome = tcc
+        .register_with_try(id, &try_url, &confirm, &cancel, json!({"branch": id}))
+        .await?;
+    let (status, code) = match outcome {
+        TryOutcome::Succeeded => return Ok(()),
+        TryOutcome::Failed(_) => (409, "try_failed"),
+        TryOutcome::InProgress(_) => (425, "try_in_progress"),
+        TryOutcome::Unknown(_) => (502, "try_unknown"),
+    };
+    Err(Error::Api {
+        status,
+        code: code.into(),
+        message: outcome.detail().unwrap_or_default().into(),
+    })
 }
 
 fn branch_urls(p: &Recorder, id: &str) -> (String, String) {
