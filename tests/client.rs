@@ -151,16 +151,19 @@ async fn concurrent_repeats_of_one_create_run_it_once() {
             idem.saga("c-race")
                 .step(p.url("/a"), p.url("/c"), json!({"n": 1}))
                 .wait_result(true)
-                .create()
+                .send()
         });
-        let views = futures::future::join_all(sends).await;
-        for view in &views {
-            let view = view.as_ref().unwrap();
+        let answers = futures::future::join_all(sends).await;
+        for answer in &answers {
+            let view = &answer.as_ref().unwrap().view;
             assert_eq!(
                 (view.gid.as_str(), view.status),
                 ("c-race", Status::Succeeded)
             );
         }
+        // One of them created it (201); the others were told it existed (200).
+        let new = answers.iter().filter(|a| a.as_ref().unwrap().new).count();
+        assert_eq!(new, 1, "{answers:?}");
         assert_eq!(
             p.count("c-race", "/a"),
             1,

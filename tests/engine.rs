@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::Api;
 use common::recorder::Recorder;
-use common::typed::{self, operate_waiting, refusal, register, wait_status};
+use common::typed::{self, created, created_tcc, operate_waiting, refusal, register, wait_status};
 use idem_client::{
     Action, BranchStatus, Client, Kind, ListQuery, Options, SagaBuilder, Status, TryOutcome,
 };
@@ -72,7 +72,7 @@ async fn tcc_commit_confirms_every_branch() {
     each_backend(
         "tcc_commit_confirms_every_branch",
         |idem, _, p, b| async move {
-            let tcc = idem.tcc("tcc-ok").create().await.unwrap();
+            let tcc = idem.tcc("tcc-ok").create().await.map(created_tcc).unwrap();
             let tx = idem.get(tcc.gid()).await.unwrap();
             assert_eq!(
                 (tx.gid.as_str(), tx.kind),
@@ -112,7 +112,12 @@ async fn tcc_abort_cancels_every_branch() {
     each_backend(
         "tcc_abort_cancels_every_branch",
         |idem, _, p, b| async move {
-            let tcc = idem.tcc("tcc-abort").create().await.unwrap();
+            let tcc = idem
+                .tcc("tcc-abort")
+                .create()
+                .await
+                .map(created_tcc)
+                .unwrap();
             for id in ["a", "b", "c"] {
                 register(&tcc, &p, id).await.unwrap();
             }
@@ -144,7 +149,12 @@ async fn tcc_global_timeout_cancels_everywhere() {
                 timeout_ms: Some(200),
                 ..Options::default()
             };
-            let tcc = idem.tcc("tcc-timeout").options(options).create().await;
+            let tcc = idem
+                .tcc("tcc-timeout")
+                .options(options)
+                .create()
+                .await
+                .map(created_tcc);
             assert!(tcc.is_ok(), "{b}: {tcc:?}");
             let tcc = tcc.unwrap();
             for id in ["a", "b"] {
@@ -179,7 +189,7 @@ async fn tcc_try_can_be_called_by_idem() {
     each_backend(
         "tcc_try_can_be_called_by_idem",
         |idem, api, p, b| async move {
-            let tcc = idem.tcc("tcc-try").create().await.unwrap();
+            let tcc = idem.tcc("tcc-try").create().await.map(created_tcc).unwrap();
             // The Try's outcome in the registration's answer is the wire contract: raw.
             let mut ok = tcc_branch(&p, "a");
             ok["try"] = json!(p.url("/a/try"));
@@ -234,8 +244,9 @@ async fn saga_success_runs_steps_in_order() {
         |idem, _, p, b| async move {
             let tx = saga(&idem, &p, "saga-ok", 3)
                 .wait_result(true)
-                .create()
-                .await;
+                .send()
+                .await
+                .map(created);
             assert!(tx.is_ok(), "{b}: {tx:?}");
             let tx = tx.unwrap();
             assert_eq!(tx.status, Status::Succeeded, "{b}: {tx:#?}");
@@ -263,8 +274,9 @@ async fn saga_failure_compensates_in_reverse_including_the_failed_step() {
             p.answer("/s3/action", None, 1, 409);
             let tx = saga(&idem, &p, "saga-fail", 4)
                 .wait_result(true)
-                .create()
-                .await;
+                .send()
+                .await
+                .map(created);
             assert!(tx.is_ok(), "{b}: {tx:?}");
             let tx = tx.unwrap();
             assert_eq!(tx.status, Status::Failed, "{b}: {tx:#?}");
@@ -310,8 +322,9 @@ async fn failed_calls_are_retried_until_success_and_counted() {
             let tx = saga(&idem, &p, "retry", 1)
                 .options(options)
                 .wait_result(true)
-                .create()
-                .await;
+                .send()
+                .await
+                .map(created);
             assert!(tx.is_ok(), "{b}: {tx:?}");
             let tx = tx.unwrap();
             assert_eq!(tx.status, Status::Succeeded, "{b}: {tx:#?}");
@@ -352,7 +365,13 @@ async fn exhausted_confirm_stalls_then_retry_completes() {
                 max_attempts: Some(3),
                 ..Options::default()
             };
-            let tcc = idem.tcc("stall").options(options).create().await.unwrap();
+            let tcc = idem
+                .tcc("stall")
+                .options(options)
+                .create()
+                .await
+                .map(created_tcc)
+                .unwrap();
             register(&tcc, &p, "a").await.unwrap();
             p.answer("/a/confirm", None, 3, 503);
             let tx = tcc.submit(true).await.unwrap();

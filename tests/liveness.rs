@@ -8,7 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::recorder::Recorder;
-use common::typed::{self, refusal, register, register_with_try, wait_status};
+use common::typed::{
+    self, created, created_tcc, refusal, register, register_with_try, wait_status,
+};
 use common::{Api, Child, idem_cli};
 use idem_client::{Action, BranchStatus, Client, ListQuery, Options, Status};
 use idem_participant::testing::{self, Backend, TestDatabase};
@@ -48,7 +50,12 @@ async fn two_confirms_that_always_fail_stall_and_the_operator_resumes_them() {
             retry_interval_ms: Some(100),
             ..Options::default()
         };
-        let tcc = idem.tcc("two-confirms").options(options).create().await;
+        let tcc = idem
+            .tcc("two-confirms")
+            .options(options)
+            .create()
+            .await
+            .map(created_tcc);
         assert!(tcc.is_ok(), "{b}: {tcc:?}");
         let tcc = tcc.unwrap();
         for id in ["a", "b"] {
@@ -174,7 +181,7 @@ async fn a_concurrent_saga_whose_compensations_always_fail_stalls() {
                     Value::Null,
                 )
             });
-            let created = saga.create().await;
+            let created = saga.send().await.map(created);
             assert!(created.is_ok(), "{b}: {created:?}");
             let tx = wait_status(&idem, gid, &[Status::Stalled], WAIT).await;
             assert_eq!(tx.stalled_from, Some(Status::Aborting), "{b}: {tx:#?}");
@@ -226,8 +233,9 @@ async fn in_progress_answers_are_bounded_by_max_in_progress() {
                     Value::Null,
                 )
                 .options(capped())
-                .create()
+                .send()
                 .await
+                .map(created)
                 .unwrap();
             let tx = wait_status(&idem, "slow-saga", &[Status::Failed], WAIT).await;
             assert!(
@@ -243,6 +251,7 @@ async fn in_progress_answers_are_bounded_by_max_in_progress() {
                 .options(capped())
                 .create()
                 .await
+                .map(created_tcc)
                 .unwrap();
             register(&tcc, &p, "a").await.unwrap();
             tcc.submit(false).await.unwrap();
@@ -288,8 +297,9 @@ async fn a_msg_without_back_check_fails_at_its_timeout_and_rests() {
             .msg("lonely-msg")
             .step(p.url("/m/action"), Value::Null)
             .options(options)
-            .prepare()
-            .await;
+            .send()
+            .await
+            .map(created);
         assert!(prepared.is_ok(), "{b}: {prepared:?}");
         let tx = wait_status(&idem, "lonely-msg", &[Status::Failed], WAIT).await;
         assert!(
@@ -321,7 +331,7 @@ async fn submit_is_refused_when_a_try_failed_or_is_unsettled() {
                 ("try-refused", 409, "try_failed"),
                 ("try-unknown", 500, "try_not_succeeded"),
             ] {
-                let tcc = idem.tcc(gid).create().await.unwrap();
+                let tcc = idem.tcc(gid).create().await.map(created_tcc).unwrap();
                 let good = register_with_try(&tcc, &p, "good").await;
                 assert!(good.is_ok(), "{b}: {good:?}");
                 p.answer("/bad/try", Some(gid), 1, try_status);
@@ -344,7 +354,7 @@ async fn submit_is_refused_when_a_try_failed_or_is_unsettled() {
             // An unknown Try called again successfully (registering again calls it) lets the
             // commit through.
             let gid = "try-again";
-            let tcc = idem.tcc(gid).create().await.unwrap();
+            let tcc = idem.tcc(gid).create().await.map(created_tcc).unwrap();
             p.answer("/flaky/try", Some(gid), 1, 503);
             let unknown = register_with_try(&tcc, &p, "flaky").await;
             assert_eq!(
@@ -424,8 +434,9 @@ async fn a_write_the_database_refuses_for_good_stalls_with_the_reason() {
             .saga("poisoned")
             .step(p.url("/s1/action"), p.url("/s1/compensate"), Value::Null)
             .options(options)
-            .create()
-            .await;
+            .send()
+            .await
+            .map(created);
         assert!(created.is_ok(), "{b}: {created:?}");
         let tx = wait_status(&idem, "poisoned", &[Status::Stalled], WAIT).await;
         let error = tx.last_error.as_deref().unwrap();

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::recorder::{Call, Recorder};
-use common::typed::{self, register, wait_all, wait_status};
+use common::typed::{self, created, created_tcc, register, wait_all, wait_status};
 use common::{Child, idem_cli};
 use idem_client::{Client, Error, Status, TxView};
 use idem_participant::testing::{Backend, TestDatabase};
@@ -26,7 +26,7 @@ async fn create_saga(
         let action = p.url(&format!("/s{s}/action"));
         saga.step(action, p.url(&format!("/s{s}/compensate")), Value::Null)
     });
-    saga.create().await
+    saga.send().await.map(created)
 }
 
 /// Calls per (gid, branch_id, op).
@@ -57,7 +57,7 @@ async fn restart_recovery(db: TestDatabase) {
     let mut tcc = Vec::new();
     for i in 0..12 {
         let gid = format!("tcc-{i}");
-        let created = idem.tcc(&gid).create().await.unwrap();
+        let created = idem.tcc(&gid).create().await.map(created_tcc).unwrap();
         for id in ["a", "b"] {
             let registered = register(&created, &p, id).await;
             assert!(registered.is_ok(), "{backend}: {registered:?}");
@@ -154,7 +154,12 @@ async fn two_coordinators(db: TestDatabase) {
     let mut timeouts = Vec::new();
     for i in 0..30 {
         let gid = format!("timeout-{i}");
-        let tcc = clients[i % 2].tcc(&gid).create().await.unwrap();
+        let tcc = clients[i % 2]
+            .tcc(&gid)
+            .create()
+            .await
+            .map(created_tcc)
+            .unwrap();
         for id in ["a", "b"] {
             register(&tcc, &p, id).await.unwrap();
         }
@@ -275,7 +280,7 @@ async fn operator_commands_list_show_retry_and_force_stop() {
     let server = Child::serve(&db.url, "ops", &["--max-attempts", "2"]);
     let idem = typed::client(&server.url);
     for gid in ["stuck-1", "stuck-2"] {
-        let tcc = idem.tcc(gid).create().await.unwrap();
+        let tcc = idem.tcc(gid).create().await.map(created_tcc).unwrap();
         register(&tcc, &p, "a").await.unwrap();
         p.answer("/a/confirm", Some(gid), 2, 500);
         let tx = tcc.submit(true).await.unwrap();
@@ -344,7 +349,7 @@ async fn restart_under_the_same_node_name_resumes_without_waiting_for_the_lease(
     let mut gids = Vec::new();
     for i in 0..5 {
         let gid = format!("resume-{i}");
-        let tcc = idem.tcc(&gid).create().await;
+        let tcc = idem.tcc(&gid).create().await.map(created_tcc);
         assert!(tcc.is_ok(), "{tcc:?}");
         register(&tcc.unwrap(), &p, "a").await.unwrap();
         idem.submit(&gid, false).await.unwrap();

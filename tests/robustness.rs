@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::Child;
 use common::recorder::{Call, Recorder};
-use common::typed::{self, wait_status};
+use common::typed::{self, created, created_tcc, wait_status};
 use idem_client::{Client, Options, SagaBuilder, Status};
 use idem_participant::testing::{Backend, TestDatabase};
 use serde_json::Value;
@@ -59,16 +59,21 @@ async fn a_coordinator_whose_clock_runs_a_minute_ahead_neither_takes_over_nor_ab
             .tcc("prepared-30s")
             .options(timeout_after(30_000))
             .create()
-            .await;
+            .await
+            .map(created_tcc);
         assert!(prepared.is_ok(), "{b}: {prepared:?}");
         let sentinel = idem
             .tcc("prepared-1s")
             .options(timeout_after(1_000))
             .create()
-            .await;
+            .await
+            .map(created_tcc);
         assert!(sentinel.is_ok(), "{b}: {sentinel:?}");
-        let created = saga(&idem, &p, "slow-saga", &["slow"]).create().await;
-        assert!(created.is_ok(), "{b}: {created:?}");
+        let slow = saga(&idem, &p, "slow-saga", &["slow"])
+            .send()
+            .await
+            .map(created);
+        assert!(slow.is_ok(), "{b}: {slow:?}");
         p.wait_until(WAIT, |c| c.iter().any(|c| c.path == "/slow/action"))
             .await;
 
@@ -76,8 +81,9 @@ async fn a_coordinator_whose_clock_runs_a_minute_ahead_neither_takes_over_nor_ab
         let skewed_idem = typed::client(&skewed.url);
         // The skewed node tells the database's time, not its own.
         let own = saga(&skewed_idem, &p, "via-skewed", &["quick"])
-            .create()
+            .send()
             .await
+            .map(created)
             .unwrap();
         let reference = idem.get("prepared-1s").await.unwrap();
         let drift = own.created_at - reference.created_at;
@@ -129,7 +135,7 @@ async fn pods_sharing_a_name_prefix_or_the_default_name_keep_each_others_leases(
         let gid = format!("slow-{}", first.len());
         let a = Child::serve(&db.url, first, &long_lease);
         let idem = typed::client(&a.url);
-        let created = saga(&idem, &p, &gid, &["slow"]).create().await;
+        let created = saga(&idem, &p, &gid, &["slow"]).send().await.map(created);
         assert!(created.is_ok(), "{created:?}");
         p.wait_until(WAIT, |c| c.iter().any(|c| c.gid == gid)).await;
         // Its peer starts while the call is under way.
@@ -160,7 +166,7 @@ async fn a_round_waiting_for_a_call_slot_keeps_its_lease() {
         p.delay("/s/action", None, 1_000, Duration::from_millis(500));
         let gids: Vec<String> = (0..8).map(|i| format!("queued-{i}")).collect();
         for gid in &gids {
-            let created = saga(&idem, &p, gid, &["s"]).create().await;
+            let created = saga(&idem, &p, gid, &["s"]).send().await.map(created);
             assert!(created.is_ok(), "{created:?}");
         }
         for gid in &gids {
@@ -199,12 +205,15 @@ async fn sigterm_answers_waits_stops_calling_and_leaves_the_rest_to_the_other_no
     let idem = typed::client(&stopping.url);
     let gids: Vec<String> = (0..40).map(|i| format!("inflight-{i:02}")).collect();
     for gid in &gids {
-        let created = saga(&idem, &p, gid, &["s1", "s2"]).create().await;
+        let created = saga(&idem, &p, gid, &["s1", "s2"])
+            .send()
+            .await
+            .map(created);
         assert!(created.is_ok(), "{created:?}");
     }
     let waiting = saga(&idem, &p, "waited-on", &["s1", "s2"]).wait_result(true);
     let waiter = tokio::spawn(async move {
-        let answer = waiting.create().await;
+        let answer = waiting.send().await.map(created);
         (answer, Instant::now())
     });
     p.wait_until(WAIT, |c| c.len() >= 10).await;
@@ -336,7 +345,12 @@ async fn a_retry_through_a_node_with_a_stale_copy_resumes_the_stall() {
             ..Options::default()
         };
         // The first node keeps a copy from the create and the registration: prepared.
-        let tcc = idem1.tcc("stale").options(options).create().await;
+        let tcc = idem1
+            .tcc("stale")
+            .options(options)
+            .create()
+            .await
+            .map(created_tcc);
         assert!(tcc.is_ok(), "{b}: {tcc:?}");
         let (confirm, cancel) = (p.url("/a/confirm"), p.url("/a/cancel"));
         tcc.unwrap()

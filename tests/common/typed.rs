@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use idem_client::{Client, Error, ErrorBody, RetryPolicy, Status, Tcc, TryOutcome, TxView};
+use idem_client::{
+    Client, Created, Error, ErrorBody, RetryPolicy, Status, Tcc, TryOutcome, TxView,
+};
 use serde_json::json;
 
 use super::recorder::Recorder;
@@ -133,4 +135,25 @@ fn branch_urls(p: &Recorder, id: &str) -> (String, String) {
         p.url(&format!("/{id}/confirm")),
         p.url(&format!("/{id}/cancel")),
     )
+}
+
+/// A create's answer, asserted to be a creation (`201`), not the answer to a repeat (`200`):
+/// these tests use fresh gids and send each create once (the client's retries are off).
+pub fn created(answer: Created) -> TxView {
+    assert!(
+        answer.new,
+        "{}: the create answered 200 (a repeat), not 201",
+        answer.view.gid
+    );
+    answer.view
+}
+
+/// [`created`] for a TCC handle.
+pub fn created_tcc(tcc: Tcc) -> Tcc {
+    assert!(
+        tcc.created_now(),
+        "{}: the create answered 200 (a repeat), not 201",
+        tcc.gid()
+    );
+    tcc
 }

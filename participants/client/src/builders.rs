@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::{Client, Error, TxView};
+use crate::{Client, Created, Error, TxView};
 
 /// Options a transaction may set; unset ones take the coordinator's defaults (ranges in
 /// docs/api.md, *Limits*).
@@ -102,6 +102,11 @@ impl SagaBuilder {
     /// Creates and submits the saga. Sent again with the same gid (by the retry policy or
     /// by the caller), it answers with the stored transaction and runs nothing twice.
     pub async fn create(self) -> Result<TxView, Error> {
+        Ok(self.send().await?.view)
+    }
+
+    /// [`SagaBuilder::create`], also telling whether this request created the saga.
+    pub async fn send(self) -> Result<Created, Error> {
         let mut body = json!({
             "gid": self.gid,
             "kind": "saga",
@@ -111,9 +116,7 @@ impl SagaBuilder {
         if !self.options.is_empty() {
             body["options"] = to_json(&self.options);
         }
-        self.client
-            .post(self.client.transactions_url(&[]), &body)
-            .await
+        self.client.post_create(&body).await
     }
 }
 
@@ -170,11 +173,10 @@ impl TccBuilder {
         if !self.options.is_empty() {
             body["options"] = to_json(&self.options);
         }
-        let view: TxView = self
-            .client
-            .post(self.client.transactions_url(&[]), &body)
-            .await?;
-        Ok(Tcc::new(self.client, view.gid))
+        let created = self.client.post_create(&body).await?;
+        let mut tcc = Tcc::new(self.client, created.view.gid);
+        tcc.created_now = created.new;
+        Ok(tcc)
     }
 }
 
@@ -184,11 +186,22 @@ impl TccBuilder {
 pub struct Tcc {
     client: Client,
     gid: String,
+    created_now: bool,
 }
 
 impl Tcc {
     pub(crate) fn new(client: Client, gid: String) -> Tcc {
-        Tcc { client, gid }
+        Tcc {
+            client,
+            gid,
+            created_now: false,
+        }
+    }
+
+    /// This handle's create made the transaction (`201`); false when it existed already
+    /// (or the handle was made with [`Client::existing_tcc`]).
+    pub fn created_now(&self) -> bool {
+        self.created_now
     }
 
     /// The transaction's gid.
@@ -347,6 +360,11 @@ impl MsgBuilder {
     /// Stores the message, `prepared`. Commit the local transaction, then
     /// [`Client::submit`] it.
     pub async fn prepare(self) -> Result<TxView, Error> {
+        Ok(self.send().await?.view)
+    }
+
+    /// [`MsgBuilder::prepare`], also telling whether this request created the message.
+    pub async fn send(self) -> Result<Created, Error> {
         let mut body = json!({"gid": self.gid, "kind": "msg", "steps": self.steps});
         if let Some(url) = self.query_prepared {
             body["query_prepared"] = Value::String(url);
@@ -354,8 +372,6 @@ impl MsgBuilder {
         if !self.options.is_empty() {
             body["options"] = to_json(&self.options);
         }
-        self.client
-            .post(self.client.transactions_url(&[]), &body)
-            .await
+        self.client.post_create(&body).await
     }
 }

@@ -77,6 +77,18 @@ impl Default for RetryPolicy {
     }
 }
 
+/// What a create answered: the transaction, and whether this request created it (`201`)
+/// or found it already created by a request with the same gid and body (`200`). A retry
+/// by the client's own policy after a lost answer sees `new == false` for a transaction
+/// its first attempt created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Created {
+    /// The transaction as stored.
+    pub view: TxView,
+    /// This request created it.
+    pub new: bool,
+}
+
 /// Filters of [`Client::list`]; unset ones match everything.
 #[derive(Clone, Debug, Default)]
 pub struct ListQuery {
@@ -292,6 +304,22 @@ impl Client {
         }
         self.post(self.transactions_url(&[gid, operation.segment()]), &body)
             .await
+    }
+
+    /// A create: its view, and whether this request made it (201) or found it made (200).
+    pub(crate) async fn post_create(&self, body: &Value) -> Result<Created, Error> {
+        let (status, text) = self
+            .send(
+                reqwest::Method::POST,
+                self.transactions_url(&[]),
+                Some(body),
+            )
+            .await?;
+        let view = self.parse((status, text))?;
+        Ok(Created {
+            view,
+            new: status == 201,
+        })
     }
 
     pub(crate) async fn post<T: DeserializeOwned>(
