@@ -15,11 +15,15 @@
 //!
 //! To run one in-process (tests, the coordinator's example):
 //!
-//! ```ignore
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = idem_demo::inventory::open("sqlite://inventory.db?mode=rwc").await?;
 //! idem_demo::inventory::seed(&pool, "apple", 10).await?;
 //! let service = idem_demo::inventory::start(pool.clone(), "127.0.0.1:0").await?;
 //! let try_url = service.url(idem_demo::inventory::RESERVE_PATH);
+//! # let _ = try_url;
+//! # Ok(())
+//! # }
 //! ```
 
 pub mod coupon;

@@ -3,7 +3,16 @@
 //!
 //! A guarded handler is then a few lines:
 //!
-//! ```ignore
+//! ```no_run
+//! # use axum::extract::State;
+//! # use idem_participant::http::{BranchCall, Payload};
+//! # use idem_participant::{Outcome, ParticipantError};
+//! # use sqlx::AnyPool;
+//! # #[derive(serde::Deserialize)] struct Req { sku: String }
+//! # #[derive(serde::Serialize, serde::Deserialize)] struct Reserved { sku: String }
+//! # async fn reserve_stock(_tx: &idem_participant::StepTx<'static, sqlx::Any>, req: &Req) -> Result<Reserved, ParticipantError> {
+//! #     Ok(Reserved { sku: req.sku.clone() })
+//! # }
 //! async fn reserve(State(pool): State<AnyPool>, call: BranchCall, Payload(req): Payload<Req>)
 //!     -> Result<Outcome<Reserved>, ParticipantError>
 //! {
