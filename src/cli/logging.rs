@@ -101,7 +101,7 @@ fn colours() -> bool {
 pub fn report_fatal(bin: &str, format: LogFormat, error: &dyn std::fmt::Display) {
     match format {
         LogFormat::Text => eprintln!("{bin}: {error}"),
-        LogFormat::Json => tracing::error!("{bin}: {error}"),
+        LogFormat::Json => tracing::error!(target: "idem", "{error}"),
     }
 }
 
