@@ -281,3 +281,34 @@ fn options_added_later_are_read_from_the_file_and_redacted() {
         }
     }
 }
+
+#[test]
+fn migrate_reads_the_database_url_from_the_same_file() {
+    let dir = scratch("migrate");
+    let db = dir.join("from-file.db");
+    let file = dir.join("idem.toml");
+    let url = format!("sqlite://{}?mode=rwc", db.display());
+    // Keys only `serve` has are fine in the file `migrate` reads.
+    std::fs::write(
+        &file,
+        format!("database_url = \"{url}\"\nlease_ms = 5000\n"),
+    )
+    .unwrap();
+    let out = idem(&["migrate", "--config", file.to_str().unwrap()], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("from-file.db"));
+    assert!(db.exists(), "migrate did not use the file's database_url");
+
+    std::fs::write(
+        &file,
+        format!("database_url = \"{url}\"\nleese_ms = 5000\n"),
+    )
+    .unwrap();
+    let out = idem(&["migrate", "--config", file.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown key `leese_ms`"));
+}

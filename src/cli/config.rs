@@ -100,11 +100,16 @@ fn with_file_defaults(
         return Ok((cmd, None));
     };
     let path = path.clone();
+    let values = read_file(&cmd, &path)?;
     let sub_cmd = cmd
         .find_subcommand(name)
-        .expect("the matched subcommand exists")
-        .clone();
-    let values = read_file(&sub_cmd, &path)?;
+        .expect("the matched subcommand exists");
+    // One file serves every subcommand that reads one (`serve`, `config`, `migrate`):
+    // each takes the keys it has.
+    let values: Vec<_> = values
+        .into_iter()
+        .filter(|(id, _)| configurable(sub_cmd).any(|a| a.get_id() == id.as_str()))
+        .collect();
     let keys = values.iter().map(|(id, _)| id.clone()).collect();
     let cmd = cmd.mut_subcommand(name, |mut sub_cmd| {
         for (id, vals) in values {
@@ -115,8 +120,16 @@ fn with_file_defaults(
     Ok((cmd, Some(FileLayer { path, keys })))
 }
 
+/// The subcommands that read a file, and each one's configurable arguments.
+fn file_readers(cmd: &Command) -> impl Iterator<Item = (&Command, &Arg)> {
+    cmd.get_subcommands()
+        .filter(|sub| sub.get_arguments().any(|a| a.get_id() == CONFIG_ARG))
+        .flat_map(|sub| configurable(sub).map(move |arg| (sub, arg)))
+}
+
 /// The file's values as the strings clap would have read on a command line, each
-/// checked with its argument's own parser.
+/// checked with its argument's own parser. A key must be an option of some subcommand
+/// that reads the file.
 fn read_file(cmd: &Command, path: &Path) -> Result<Vec<(String, Vec<String>)>, LoadError> {
     let shown = path.display();
     let text = std::fs::read_to_string(path)
@@ -125,7 +138,7 @@ fn read_file(cmd: &Command, path: &Path) -> Result<Vec<(String, Vec<String>)>, L
         .map_err(|e| LoadError::File(format!("{shown} is not valid TOML: {e}")))?;
     let mut out = Vec::new();
     for (key, value) in &table {
-        let Some(arg) = configurable(cmd).find(|a| a.get_id() == key.as_str()) else {
+        let Some((owner, arg)) = file_readers(cmd).find(|(_, a)| a.get_id() == key.as_str()) else {
             return Err(LoadError::File(unknown_key(cmd, key, path)));
         };
         let bad = |why: String| LoadError::File(format!("`{key}` in {shown}: {why}"));
@@ -137,7 +150,7 @@ fn read_file(cmd: &Command, path: &Path) -> Result<Vec<(String, Vec<String>)>, L
                 .collect::<Result<Vec<_>, _>>()?,
             v => vec![kind.text(v).ok_or_else(|| bad(kind.expected(v)))?],
         };
-        check(cmd, arg, &vals).map_err(bad)?;
+        check(owner, arg, &vals).map_err(bad)?;
         out.push((key.clone(), vals));
     }
     Ok(out)
@@ -145,7 +158,7 @@ fn read_file(cmd: &Command, path: &Path) -> Result<Vec<(String, Vec<String>)>, L
 
 fn unknown_key(cmd: &Command, key: &str, path: &Path) -> String {
     let snake = key.replace('-', "_");
-    let hint = if configurable(cmd).any(|a| a.get_id() == snake.as_str()) {
+    let hint = if file_readers(cmd).any(|(_, a)| a.get_id() == snake.as_str()) {
         format!("; keys are snake_case: `{snake}`")
     } else {
         "; the keys are the long flags in snake_case, as `idem config` prints them".to_owned()

@@ -46,6 +46,16 @@ pub struct DatabaseArgs {
     pub database_url: String,
 }
 
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The `idem serve` configuration file: its `database_url` is the database migrated
+    /// (a flag or IDEM_DATABASE_URL overrides it).
+    #[arg(long, env = "IDEM_CONFIG", value_name = "PATH")]
+    pub config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the coordinator (migrates the database first).
@@ -54,7 +64,7 @@ pub enum Command {
     /// and --config file: each setting with where it came from, secrets redacted.
     Config(ServeArgs),
     /// Apply the database migrations and exit.
-    Migrate(DatabaseArgs),
+    Migrate(MigrateArgs),
     /// Inspect and operate on transactions, through a running coordinator's API (or, with
     /// --database-url, on its database).
     #[command(subcommand)]
@@ -93,7 +103,7 @@ pub async fn run(loaded: Loaded<Cli>) -> Result<(), BoxError> {
     match loaded.cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Config(_) => Ok(()),
-        Command::Migrate(db) => {
+        Command::Migrate(MigrateArgs { db, .. }) => {
             server::open_store(&db.database_url, &ConnectOptions::default()).await?;
             println!("migrated {}", redact(&db.database_url));
             Ok(())
