@@ -312,3 +312,26 @@ fn migrate_reads_the_database_url_from_the_same_file() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown key `leese_ms`"));
 }
+
+#[test]
+fn the_example_file_loads_and_shows_every_option() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/idem.example.toml");
+    let got = report(&idem(&["config", "--config", example], &[]));
+    assert_eq!(
+        entry(&got, "log_format"),
+        ("\"json\"".into(), "file".into())
+    );
+    let text = std::fs::read_to_string(example).unwrap();
+    let cmd = ServeArgs::augment_args(clap::Command::new("serve"));
+    for arg in config::configurable(&cmd).filter(|a| !a.is_hide_set()) {
+        let id = arg.get_id().as_str();
+        let shown = text.lines().any(|l| {
+            let l = l.trim_start_matches("# ");
+            l.starts_with(&format!("{id} = "))
+        });
+        assert!(
+            shown,
+            "idem.example.toml does not show `{id}` (commented out is fine)"
+        );
+    }
+}
