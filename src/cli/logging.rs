@@ -85,6 +85,13 @@ pub fn init_logging(format: LogFormat, level: &str) {
         .with(log.with_filter(filter))
         .with(counting)
         .init();
+    if format == LogFormat::Json {
+        // A panic's text would be the one line a collector cannot parse.
+        std::panic::set_hook(Box::new(|info| {
+            let backtrace = std::backtrace::Backtrace::capture();
+            tracing::error!(target: "idem", panic = %info, %backtrace, "panicked");
+        }));
+    }
     if let Some(e) = refused {
         tracing::warn!(error = %e, level, "RUST_LOG is not a valid filter; using the log level");
     }
