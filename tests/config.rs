@@ -116,6 +116,14 @@ fn flag_beats_env_beats_file_beats_default() {
     assert_eq!(entry(&got, "request_timeout_ms"), source("5000", "default"));
     assert_eq!(entry(&got, "log_level"), source("\"info\"", "default"));
 
+    // RUST_LOG decides the log level whatever log_level says, and the report says so.
+    let noted = idem(&["config"], &[("RUST_LOG", "debug")]);
+    let text = String::from_utf8_lossy(&noted.stdout);
+    assert!(
+        text.contains("# RUST_LOG=debug is set: it overrides log_level"),
+        "{text}"
+    );
+
     // The file named by IDEM_CONFIG, and what `idem config` prints read back as a file:
     // the same values, all from the file now.
     let printed = dir.join("printed.toml");

@@ -124,6 +124,10 @@ fn json_lines_from_the_config_file_parse() {
     let child = spawn(&dir, &["--config", file.to_str().unwrap()], &[]);
     let log = run_and_stop(&dir, child);
     let messages = json_messages(&log);
+    assert!(
+        messages.iter().any(|m| m == "configuration file read"),
+        "{log}"
+    );
     assert!(messages.iter().any(|m| m == "idem is serving"), "{log}");
     assert!(messages.iter().any(|m| m == "shutting down"), "{log}");
     assert!(!log.contains('\x1b'), "{log}");

@@ -100,6 +100,9 @@ pub async fn run(loaded: Loaded<Cli>) -> Result<(), BoxError> {
         }
         return Ok(());
     }
+    if let (Command::Serve(_), Some(file)) = (&loaded.cli.command, &loaded.file) {
+        tracing::info!(file = %file.path.display(), keys = file.keys.len(), "configuration file read");
+    }
     match loaded.cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Config(_) => Ok(()),
