@@ -351,7 +351,7 @@ pub fn render<C: CommandFactory>(loaded: &Loaded<C>) -> String {
         let shown: Vec<String> = raw
             .iter()
             .map(|v| match kind {
-                _ if is_secret(id) => kind_text("***"),
+                _ if is_secret(id) => Kind::Text.toml("***"),
                 Kind::Text => kind.toml(&super::redact(v)),
                 _ => kind.toml(v),
             })
@@ -364,10 +364,6 @@ pub fn render<C: CommandFactory>(loaded: &Loaded<C>) -> String {
         out.push_str(&format!("{line}  # {source}\n"));
     }
     out
-}
-
-fn kind_text(v: &str) -> String {
-    Kind::Text.toml(v)
 }
 
 fn source_name(source: Option<ValueSource>) -> &'static str {
