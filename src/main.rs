@@ -1,5 +1,3 @@
-use clap::Parser;
-
 // The coordinator allocates many small, short-lived objects per request (JSON, HTTP,
 // statements); mimalloc serves those with less contention and copying than glibc's.
 #[global_allocator]
@@ -7,15 +5,12 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() {
-    let cli = idem::cli::Cli::parse();
-    // The server logs its life at info; the operator's commands only what goes wrong.
-    let default = match cli.command {
-        idem::cli::Command::Serve(_) => "info",
-        _ => "warn",
-    };
-    idem::cli::init_logging(default);
-    if let Err(e) = idem::cli::run(cli).await {
-        eprintln!("idem: {e}");
+    // The configuration first, so that the log takes its format and level from the file.
+    let loaded = idem::cli::Cli::load(std::env::args_os()).unwrap_or_else(|e| e.exit("idem"));
+    let (format, level) = loaded.cli.logging();
+    idem::cli::init_logging(format, level);
+    if let Err(e) = idem::cli::run(loaded).await {
+        idem::cli::report_fatal("idem", format, &e);
         std::process::exit(1);
     }
 }

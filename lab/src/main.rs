@@ -1,21 +1,25 @@
-use clap::Parser;
-
 // The same allocator as `idem`, so that the coordinators it starts behave alike.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() {
-    let cli = idem_lab::cli::Cli::parse();
-    // A coordinator logs its life at info; the tools run participants in-process whose
-    // info logs would drown their own output.
-    let default = match cli.command {
-        idem_lab::cli::Command::Serve(_) => "info",
-        _ => "warn",
+    // `serve` reads a --config file as `idem serve` does, before the log is set up.
+    let loaded = idem::cli::config::load::<idem_lab::cli::Cli>(std::env::args_os())
+        .unwrap_or_else(|e| e.exit("idem-lab"));
+    let cli = loaded.cli;
+    // A coordinator logs as configured; the tools run participants in-process whose info
+    // logs would drown their own output.
+    let (format, level) = match &cli.command {
+        idem_lab::cli::Command::Serve(args) => {
+            let log = &args.serve.log;
+            (log.log_format, log.log_level.clone())
+        }
+        _ => (idem::cli::LogFormat::Text, "warn".to_owned()),
     };
-    idem::cli::init_logging(default);
+    idem::cli::init_logging(format, &level);
     if let Err(e) = idem_lab::cli::run(cli).await {
-        eprintln!("idem-lab: {e}");
+        idem::cli::report_fatal("idem-lab", format, &e);
         std::process::exit(1);
     }
 }

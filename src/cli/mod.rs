@@ -1,17 +1,22 @@
 //! The `idem` command line: one module per command group.
 //!
-//! `serve` runs the coordinator; `tx` is the operator's tool, which talks to a running
-//! coordinator over its HTTP API (or, asked explicitly, to the database). The test tools
-//! (replay, chaos, bench) are in the lab crate's `idem-lab` binary.
+//! `serve` runs the coordinator, `config` prints the settings it would run with; `tx` is
+//! the operator's tool, which talks to a running coordinator over its HTTP API (or, asked
+//! explicitly, to the database). The test tools (replay, chaos, bench) are in the lab
+//! crate's `idem-lab` binary.
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::server;
 use crate::store::ConnectOptions;
 
+pub mod config;
+pub mod logging;
 pub mod serve;
 pub mod tx;
 
+pub use config::{LoadError, Loaded};
+pub use logging::{LogArgs, LogFormat, init_logging, report_fatal};
 pub use serve::ServeArgs;
 pub use tx::{TargetArgs, TxCommand};
 
@@ -32,45 +37,76 @@ pub struct Cli {
 #[derive(Debug, Args, Clone)]
 pub struct DatabaseArgs {
     /// sqlite:PATH, postgres://... or mysql://... (MariaDB too).
-    #[arg(long, env = "IDEM_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    #[arg(
+        long,
+        env = "IDEM_DATABASE_URL",
+        default_value = DEFAULT_DATABASE_URL,
+        hide_env_values = true
+    )]
     pub database_url: String,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The `idem serve` configuration file: its `database_url` is the database migrated
+    /// (a flag or IDEM_DATABASE_URL overrides it).
+    #[arg(long, env = "IDEM_CONFIG", value_name = "PATH")]
+    pub config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub db: DatabaseArgs,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the coordinator (migrates the database first).
     Serve(ServeArgs),
+    /// Print the configuration `serve` would run with, given the same flags, environment
+    /// and --config file: each setting with where it came from, secrets redacted.
+    Config(ServeArgs),
     /// Apply the database migrations and exit.
-    Migrate(DatabaseArgs),
+    Migrate(MigrateArgs),
     /// Inspect and operate on transactions, through a running coordinator's API (or, with
     /// --database-url, on its database).
     #[command(subcommand)]
     Tx(TxCommand),
 }
 
-/// Logs to stderr at `default` (or `RUST_LOG`), and counts SQL statements for `/metrics`
-/// when `IDEM_COUNT_SQL=1` (the benchmark's counting pass). Both binaries start this way.
-pub fn init_logging(default: &str) {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::{EnvFilter, Layer};
-    let log = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)));
-    crate::metrics::set_sql_counting(std::env::var("IDEM_COUNT_SQL").is_ok_and(|v| v == "1"));
-    let counting = crate::metrics::SqlCountingLayer.with_filter(crate::metrics::counting_filter());
-    tracing_subscriber::registry()
-        .with(log)
-        .with(counting)
-        .init();
-}
-
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-pub async fn run(cli: Cli) -> Result<(), BoxError> {
-    match cli.command {
+impl Cli {
+    /// Parses `argv`, with the values of a `--config` file under the flags and their
+    /// environment variables.
+    pub fn load(
+        argv: impl IntoIterator<Item = impl Into<std::ffi::OsString>>,
+    ) -> Result<Loaded<Cli>, LoadError> {
+        config::load(argv)
+    }
+
+    /// How this command logs: the server as configured; the operator's commands only
+    /// what goes wrong.
+    pub fn logging(&self) -> (LogFormat, &str) {
+        match &self.command {
+            Command::Serve(args) => (args.log.log_format, &args.log.log_level),
+            _ => (LogFormat::Text, "warn"),
+        }
+    }
+}
+
+pub async fn run(loaded: Loaded<Cli>) -> Result<(), BoxError> {
+    if let Command::Config(_) = &loaded.cli.command {
+        print!("{}", config::render(&loaded));
+        if let Some(directives) = logging::rust_log() {
+            println!("# RUST_LOG={directives} is set: it overrides log_level");
+        }
+        return Ok(());
+    }
+    if let (Command::Serve(_), Some(file)) = (&loaded.cli.command, &loaded.file) {
+        tracing::info!(file = %file.path.display(), keys = file.keys.len(), "configuration file read");
+    }
+    match loaded.cli.command {
         Command::Serve(args) => serve::run(args).await,
-        Command::Migrate(db) => {
+        Command::Config(_) => Ok(()),
+        Command::Migrate(MigrateArgs { db, .. }) => {
             server::open_store(&db.database_url, &ConnectOptions::default()).await?;
             println!("migrated {}", redact(&db.database_url));
             Ok(())

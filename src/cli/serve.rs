@@ -1,19 +1,28 @@
 //! `idem serve`: the coordinator.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 
 use std::future::Future;
 
-use super::{BoxError, DatabaseArgs, redact};
+use super::{BoxError, DatabaseArgs, LogArgs, redact};
 use crate::server::{self, RunningServer, ServerConfig};
 
+/// Every option is also an environment variable `IDEM_<NAME>` and a key `<name>` of the
+/// `--config` file (see [`super::config`]); `tests/config.rs` holds new ones to that.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// A TOML file of settings: keys are these options in snake_case (`lease_ms = 5000`).
+    /// A flag or an environment variable overrides the file.
+    #[arg(long, env = "IDEM_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
     #[command(flatten)]
     pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
     /// Address and port of the HTTP API.
     #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8686")]
     pub listen: SocketAddr,
@@ -25,82 +34,96 @@ pub struct ServeArgs {
     pub node: Option<String>,
     /// Lease of a transaction being driven, in ms: how soon another coordinator takes
     /// over after this one dies.
-    #[arg(long, default_value_t = 15_000)]
+    #[arg(long, env = "IDEM_LEASE_MS", default_value_t = 15_000)]
     pub lease_ms: i64,
     /// How often to look for transactions nobody drives, in ms.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, env = "IDEM_RECOVERY_INTERVAL_MS", default_value_t = 1_000)]
     pub recovery_interval_ms: u64,
     /// Default timeout of one call to a participant, in ms.
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(long, env = "IDEM_REQUEST_TIMEOUT_MS", default_value_t = 5_000)]
     pub request_timeout_ms: u64,
     /// Default first retry delay, in ms (doubled per attempt).
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, env = "IDEM_RETRY_INTERVAL_MS", default_value_t = 1_000)]
     pub retry_interval_ms: u64,
     /// Default cap on the retry delay, in ms.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, env = "IDEM_MAX_RETRY_INTERVAL_MS", default_value_t = 60_000)]
     pub max_retry_interval_ms: u64,
     /// Default attempts per branch operation before it stalls (or a saga compensates).
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, env = "IDEM_MAX_ATTEMPTS", default_value_t = 12)]
     pub max_attempts: u32,
     /// Default longest time one branch operation may keep answering "in progress" (425
     /// or DTM's ONGOING), in ms; past it the call counts as failed for good (a saga
     /// compensates, a Confirm or Cancel stalls).
-    #[arg(long, default_value_t = crate::core::DEFAULT_MAX_IN_PROGRESS_MS)]
+    #[arg(long, env = "IDEM_MAX_IN_PROGRESS_MS", default_value_t = crate::core::DEFAULT_MAX_IN_PROGRESS_MS)]
     pub max_in_progress_ms: u64,
     /// Default global timeout of a prepared TCC or msg transaction, in ms.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, env = "IDEM_PREPARED_TIMEOUT_MS", default_value_t = 60_000)]
     pub prepared_timeout_ms: u64,
     /// Database connections.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "IDEM_MAX_CONNECTIONS", default_value_t = 16)]
     pub max_connections: u32,
     /// At start, how long to wait for a database that does not answer yet (retrying with
     /// backoff, logging why), in ms; then idem exits non-zero. 0 tries once.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, env = "IDEM_DATABASE_WAIT_MS", default_value_t = 60_000)]
     pub database_wait_ms: u64,
     /// Opening one database connection, in ms (PostgreSQL, MySQL).
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(
+        long,
+        env = "IDEM_DATABASE_CONNECT_TIMEOUT_MS",
+        default_value_t = 5_000
+    )]
     pub database_connect_timeout_ms: u64,
     /// Waiting for a pooled database connection, opening included, in ms.
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(
+        long,
+        env = "IDEM_DATABASE_ACQUIRE_TIMEOUT_MS",
+        default_value_t = 5_000
+    )]
     pub database_acquire_timeout_ms: u64,
     /// Longest one database call may take, in ms (statements on an open connection
     /// included); past it the call fails as the database being unavailable, so a network
     /// partition fails requests in bounded time.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, env = "IDEM_DATABASE_CALL_TIMEOUT_MS", default_value_t = 10_000)]
     pub database_call_timeout_ms: u64,
     /// SQLite: fsync at every commit (off: a machine crash may lose the last commits;
     /// a crash of idem alone loses nothing).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "IDEM_SQLITE_FULL_SYNC", default_value_t = true, action = clap::ArgAction::Set)]
     pub sqlite_full_sync: bool,
     /// How long a wait_result request waits at most, in ms.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, env = "IDEM_WAIT_TIMEOUT_MS", default_value_t = 30_000)]
     pub wait_timeout_ms: u64,
     /// On SIGTERM, how long calls in flight may take to finish, in ms, before they are
     /// stopped and the leases handed back.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, env = "IDEM_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
     /// Testing only: shifts this process's wall clock (idem reads time on the database's
     /// clock, so a skewed host must not matter).
-    #[arg(long, default_value_t = 0, hide = true, allow_hyphen_values = true)]
+    #[arg(
+        long,
+        env = "IDEM_TEST_CLOCK_OFFSET_MS",
+        default_value_t = 0,
+        hide = true,
+        allow_hyphen_values = true
+    )]
     pub test_clock_offset_ms: i64,
     /// Bytes of a participant's answer that are read; the rest is not (a DTM answer's
     /// FAILURE or ONGOING must be within them).
-    #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..=16 << 20))]
+    #[arg(long, env = "IDEM_MAX_ANSWER_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..=16 << 20))]
     pub max_answer_bytes: u64,
     /// How long a client may take to send one request, head and body, in ms: from its
     /// first byte, or from the accept for a connection's first request. Past it, a head
     /// still arriving closes the connection and a body still arriving is refused (400).
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "IDEM_REQUEST_READ_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub request_read_timeout_ms: u64,
     /// How long a keep-alive connection may wait for its next request, in ms.
-    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "IDEM_IDLE_TIMEOUT_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout_ms: u64,
     /// Open HTTP connections at most; more wait in the listen backlog until one closes.
-    #[arg(long, default_value_t = 4_096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long, env = "IDEM_MAX_HTTP_CONNECTIONS", default_value_t = 4_096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_http_connections: u32,
     /// Steps of a saga or msg, and branches of a TCC transaction (however they are
     /// registered), at most; a request past it is refused (400 too_many_branches).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, env = "IDEM_MAX_BRANCHES", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_branches: u32,
 }
 
