@@ -13,8 +13,16 @@ async fn main() {
         idem::cli::Command::Serve(_) => "info",
         _ => "warn",
     };
-    idem::cli::init_logging(default);
-    if let Err(e) = idem::cli::run(cli).await {
+    let endpoint = match &cli.command {
+        idem::cli::Command::Serve(args) => args.otlp_endpoint.clone(),
+        _ => None,
+    };
+    let otlp = idem::telemetry::Otlp::start_or_exit(endpoint.as_deref(), "idem");
+    idem::cli::init_logging(default, otlp.as_ref());
+    let result = idem::cli::run(cli).await;
+    // Sends the spans still queued before the process ends.
+    drop(otlp);
+    if let Err(e) = result {
         eprintln!("idem: {e}");
         std::process::exit(1);
     }

@@ -13,8 +13,15 @@ async fn main() {
         idem_lab::cli::Command::Serve(_) => "info",
         _ => "warn",
     };
-    idem::cli::init_logging(default);
-    if let Err(e) = idem_lab::cli::run(cli).await {
+    let endpoint = match &cli.command {
+        idem_lab::cli::Command::Serve(args) => args.serve.otlp_endpoint.clone(),
+        _ => None,
+    };
+    let otlp = idem::telemetry::Otlp::start_or_exit(endpoint.as_deref(), "idem-lab");
+    idem::cli::init_logging(default, otlp.as_ref());
+    let result = idem_lab::cli::run(cli).await;
+    drop(otlp);
+    if let Err(e) = result {
         eprintln!("idem-lab: {e}");
         std::process::exit(1);
     }

@@ -49,8 +49,9 @@ pub enum Command {
 }
 
 /// Logs to stderr at `default` (or `RUST_LOG`), and counts SQL statements for `/metrics`
-/// when `IDEM_COUNT_SQL=1` (the benchmark's counting pass). Both binaries start this way.
-pub fn init_logging(default: &str) {
+/// when `IDEM_COUNT_SQL=1` (the benchmark's counting pass); spans go to `otlp` too when
+/// it runs (`--otlp-endpoint`). Both binaries start this way.
+pub fn init_logging(default: &str, otlp: Option<&crate::telemetry::Otlp>) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{EnvFilter, Layer};
@@ -62,6 +63,7 @@ pub fn init_logging(default: &str) {
     tracing_subscriber::registry()
         .with(log)
         .with(counting)
+        .with(otlp.map(|o| o.layer()))
         .init();
 }
 
