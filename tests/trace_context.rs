@@ -121,6 +121,18 @@ async fn survives_restart(db: TestDatabase) {
         ("tracestate", "vendor=abc"),
     ];
     create_native(&first.url, &p, "malformed", &["s4"], &malformed).await;
+    // A tracestate of 513 characters loses its last member; the 512 left fit every database.
+    let members: Vec<String> = (0..4)
+        .map(|i| format!("k{i}={}", "v".repeat(124)))
+        .collect();
+    let longest = members.join(",");
+    assert_eq!(longest.len(), 511);
+    let over = format!("{longest},z=1");
+    let long = [
+        ("traceparent", parent.as_str()),
+        ("tracestate", over.as_str()),
+    ];
+    create_native(&first.url, &p, "long-state", &["s6"], &long).await;
     // The DTM door, with its own client context.
     let dtm_parent = format!("00-{}-{CLIENT_SPAN}-01", "a".repeat(32));
     let dtm = json!({
@@ -151,7 +163,7 @@ async fn survives_restart(db: TestDatabase) {
     .await;
     p.heal();
     let idem = typed::client(&second.url);
-    for gid in [traced, "untraced", "malformed", "dtm-traced"] {
+    for gid in [traced, "untraced", "malformed", "dtm-traced", "long-state"] {
         wait_status(&idem, gid, &[Status::Succeeded], WAIT).await;
     }
 
@@ -185,6 +197,24 @@ async fn survives_restart(db: TestDatabase) {
         None,
         &format!("{backend} dtm"),
     );
+    let state = Some(longest.as_str());
+    assert_one_trace(
+        &calls_of(&p, "long-state"),
+        TRACE_ID,
+        state,
+        &format!("{backend} long"),
+    );
+    // As stored: the client's context, in its version-00 form.
+    let store = common::open(&db.url).await;
+    for (gid, state) in [
+        (traced, "vendor=abc,other=1"),
+        ("long-state", longest.as_str()),
+    ] {
+        let trace = store.load(gid).await.unwrap().unwrap().tx.trace.unwrap();
+        assert_eq!(trace.traceparent, parent, "{backend}: {gid}");
+        assert_eq!(trace.tracestate.as_deref(), Some(state), "{backend}: {gid}");
+    }
+    drop(store);
     drop(second);
     db.drop_database().await;
 }
