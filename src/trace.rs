@@ -223,7 +223,8 @@ fn continue_trace(span: &tracing::Span, context: Option<&TraceContext>) {
         state,
     );
     let cx = opentelemetry::Context::new().with_remote_span_context(remote);
-    // Only fails when no exporter layer is installed, which is when nothing is exported.
+    // Fails only when nothing exports this span (no exporter, or the span filtered out);
+    // it is set before the span starts, so never because it started already.
     let _ = span.set_parent(cx);
 }
 
