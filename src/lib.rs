@@ -11,5 +11,7 @@ pub mod http_server;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod timestamp;
+pub mod trace;
 pub mod transport;

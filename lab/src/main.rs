@@ -17,8 +17,15 @@ async fn main() {
         }
         _ => (idem::cli::LogFormat::Text, "warn".to_owned()),
     };
-    idem::cli::init_logging(format, &level);
-    if let Err(e) = idem_lab::cli::run(cli).await {
+    let endpoint = match &cli.command {
+        idem_lab::cli::Command::Serve(args) => args.serve.otlp_endpoint.clone(),
+        _ => None,
+    };
+    let otlp = idem::telemetry::Otlp::start_or_exit(endpoint.as_deref(), "idem-lab");
+    idem::cli::init_logging(format, &level, otlp.as_ref());
+    let result = idem_lab::cli::run(cli).await;
+    drop(otlp);
+    if let Err(e) = result {
         idem::cli::report_fatal("idem-lab", format, &e);
         std::process::exit(1);
     }

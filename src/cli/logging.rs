@@ -55,9 +55,9 @@ pub fn rust_log() -> Option<String> {
 
 /// Logs to stderr in `format` at `level` (a level or a filter; `RUST_LOG` overrides it),
 /// with colours only on a terminal, and counts SQL statements for `/metrics` when
-/// `IDEM_COUNT_SQL=1` (the benchmark's counting pass). Both binaries start this way, once
-/// their configuration is read.
-pub fn init_logging(format: LogFormat, level: &str) {
+/// `IDEM_COUNT_SQL=1` (the benchmark's counting pass); spans go to `otlp` too when it runs
+/// (`--otlp-endpoint`). Both binaries start this way, once their configuration is read.
+pub fn init_logging(format: LogFormat, level: &str, otlp: Option<&crate::telemetry::Otlp>) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{Layer, Registry};
@@ -84,6 +84,7 @@ pub fn init_logging(format: LogFormat, level: &str) {
     tracing_subscriber::registry()
         .with(log.with_filter(filter))
         .with(counting)
+        .with(otlp.map(|o| o.layer()))
         .init();
     if format == LogFormat::Json {
         // A panic's text would be the one line a collector cannot parse.

@@ -125,6 +125,10 @@ pub struct ServeArgs {
     /// registered), at most; a request past it is refused (400 too_many_branches).
     #[arg(long, env = "IDEM_MAX_BRANCHES", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_branches: u32,
+    /// Export spans over OTLP/HTTP (protobuf) to this collector, e.g.
+    /// `http://127.0.0.1:4318` (its `/v1/traces`); none: nothing is exported.
+    #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Runs `idem serve`: the coordinator the flags describe, until SIGTERM or Ctrl-C.

@@ -109,6 +109,18 @@ pub struct Transaction {
     pub finished_at: Option<Millis>,
     /// In the order they are stored: saga steps by index, TCC by registration.
     pub branches: Vec<Branch>,
+    /// The W3C trace context every branch call of this transaction continues; set once,
+    /// when it is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
+}
+
+/// A W3C trace context as stored: `traceparent` in its version-00 form (55 characters)
+/// and `tracestate` as received, both checked before they get here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceContext {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
 }
 
 impl Transaction {
@@ -137,6 +149,7 @@ impl Transaction {
             updated_at: now,
             finished_at: None,
             branches: Vec::new(),
+            trace: None,
         }
     }
 

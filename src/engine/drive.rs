@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use super::*;
 
 impl Engine {
@@ -22,10 +24,11 @@ impl Engine {
             return;
         }
         let engine = Arc::clone(&self);
+        let span = crate::trace::transaction_span(&stored.tx);
         let task = self.tasks.spawn(async move {
             let gid = stored.tx.gid.clone();
             let token = lease.token.clone();
-            engine.drive(stored, lease, t).await;
+            engine.drive(stored, lease, t).instrument(span).await;
             let mut driving = engine.driving.lock().expect("poisoned");
             if driving.get(&gid).is_some_and(|d| d.token == token) {
                 driving.remove(&gid);
@@ -378,11 +381,8 @@ impl Engine {
             .iter()
             .map(|key| {
                 let branch = tx.branch(key).expect("planned calls name stored branches");
-                let request = self.call_request(tx, branch);
                 Box::pin(async move {
-                    let started_at = self.clock.now();
-                    let result = self.transport.call(&request).await;
-                    self.observer.call(&request, &result, started_at);
+                    let (result, started_at) = self.call_branch(tx, branch, false).await;
                     (key.clone(), result, started_at)
                 }) as futures::future::BoxFuture<'_, _>
             })
@@ -393,10 +393,46 @@ impl Engine {
             .await
     }
 
+    /// One branch call in its own span, with the transaction's trace context, reported to
+    /// the observer; returns the answer and when the call started. `detached`: not inside
+    /// a drive (see [`crate::trace::call_span`]).
+    pub(super) async fn call_branch(
+        &self,
+        tx: &Transaction,
+        branch: &Branch,
+        detached: bool,
+    ) -> (CallResult, Millis) {
+        let mut request = self.call_request(tx, branch);
+        let span = crate::trace::call_span(tx, &branch.branch_id, branch.action.op(), detached);
+        if let Some(context) = &tx.trace
+            && let Some(parent) = crate::trace::call_traceparent(context, &span)
+        {
+            request.headers.insert("traceparent".into(), parent);
+            if let Some(state) = &context.tracestate {
+                request.headers.insert("tracestate".into(), state.clone());
+            }
+        }
+        async {
+            let started_at = self.clock.now();
+            let result = self.transport.call(&request).await;
+            self.observer.call(&request, &result, started_at);
+            (result, started_at)
+        }
+        .instrument(span)
+        .await
+    }
+
     /// The transaction's `branch_headers`, plus a User-Agent naming this node unless the
     /// transaction sets its own: a participant's logs then say which coordinator called.
+    /// The trace context comes from the transaction's own, never from `branch_headers`.
     fn call_headers(&self, tx: &Transaction) -> std::collections::BTreeMap<String, String> {
         let mut headers = tx.options.branch_headers.clone();
+        if tx.trace.is_some() {
+            headers.retain(|name, _| {
+                !name.eq_ignore_ascii_case("traceparent")
+                    && !name.eq_ignore_ascii_case("tracestate")
+            });
+        }
         if !headers.keys().any(|k| k.eq_ignore_ascii_case("user-agent")) {
             let node: String = self
                 .config

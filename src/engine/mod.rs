@@ -32,7 +32,7 @@ use tokio_util::task::TaskTracker;
 use crate::canonical::request_hash;
 use crate::core::{
     self, Action, Branch, BranchKey, CoreError, Ctx, Event, Kind, Millis, Next, SagaStep, Status,
-    Transaction, Transition, TxOptions,
+    TraceContext, Transaction, Transition, TxOptions,
 };
 use crate::store::{
     AttemptRecord, Created, Guard, Lease, Registered, Save, Saved, Store, StoreError, StoredTx,
@@ -183,6 +183,8 @@ pub struct NewSaga {
     pub options: TxOptions,
     /// The canonical request, hashed to recognise a repeat.
     pub request: serde_json::Value,
+    /// The client's trace context; `None` starts a trace for the transaction.
+    pub trace: Option<TraceContext>,
 }
 
 /// A new prepared transaction (TCC, or msg with its steps and back-check URL).
@@ -198,6 +200,8 @@ pub struct NewPrepared {
     /// TCC: branches registered with the transaction, in the same database write.
     pub branches: Vec<Branch>,
     pub request: serde_json::Value,
+    /// The client's trace context; `None` starts a trace for the transaction.
+    pub trace: Option<TraceContext>,
 }
 
 /// The result of a create: the transaction as stored and whether this request created it.

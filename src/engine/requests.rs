@@ -11,7 +11,8 @@ impl Engine {
     /// stored transaction; another request under the same gid is a conflict.
     pub async fn create_saga(self: &Arc<Self>, new: NewSaga) -> Result<CreateOutcome, EngineError> {
         let now = self.clock.now();
-        let tx = Transaction::saga(new.gid, new.steps, new.options, now);
+        let mut tx = Transaction::saga(new.gid, new.steps, new.options, now);
+        tx.trace = Some(new.trace.unwrap_or_else(crate::trace::start));
         // The creator drives the saga; if it dies, the lease lapses and recovery resumes.
         let lease = self.config.drive.then(|| self.new_lease(now));
         let outcome = self
@@ -33,6 +34,7 @@ impl Engine {
             options.timeout_ms = Some(self.config.prepared_timeout_ms);
         }
         let mut tx = Transaction::prepared(new.gid, new.kind, options, now);
+        tx.trace = Some(new.trace.unwrap_or_else(crate::trace::start));
         if new.kind == Kind::Msg {
             let mut branches = Vec::new();
             if let Some(url) = new.query_prepared {
@@ -112,10 +114,7 @@ impl Engine {
             .branch(&key)
             .ok_or_else(|| EngineError::InvalidState(CoreError::UnknownBranch(key.clone())))?
             .clone();
-        let request = self.call_request(&stored.tx, &branch);
-        let started_at = self.clock.now();
-        let result = self.transport.call(&request).await;
-        self.observer.call(&request, &result, started_at);
+        let (result, _) = self.call_branch(&stored.tx, &branch, true).await;
         let outcome = result.outcome.clone();
         let event = Event::Outcome {
             key,

@@ -158,7 +158,7 @@ async fn create_with_ctes(
     request_hash: &str,
     lease: Option<&Lease>,
 ) -> Result<bool> {
-    let marks = vec!["?"; 17].join(", ");
+    let marks = vec!["?"; 19].join(", ");
     let mut sql = format!(
         "WITH g AS (INSERT INTO idem_global ({GLOBAL_COLUMNS}) VALUES ({marks}) ON CONFLICT DO NOTHING RETURNING gid)"
     );

@@ -153,6 +153,16 @@ impl Child {
     /// Starts `idem serve` on `database_url` with short leases and retry delays, and
     /// waits until it listens (it prints its address).
     pub fn serve(database_url: &str, node: &str, extra: &[&str]) -> Child {
+        Child::serve_env(database_url, node, extra, &[])
+    }
+
+    /// [`Child::serve`] with more environment variables.
+    pub fn serve_env(
+        database_url: &str,
+        node: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Child {
         use std::io::BufRead;
         // An empty node name leaves `--node` out: the default name, as most users run it.
         let defaults = [
@@ -177,6 +187,7 @@ impl Child {
             .args(args)
             .args(extra)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("idem starts");

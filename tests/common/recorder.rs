@@ -21,6 +21,9 @@ pub struct Call {
     pub body: String,
     /// The caller's User-Agent: idem names its node there.
     pub agent: String,
+    /// The W3C trace context the call carried.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
     /// When the call arrived.
     pub at: std::time::Instant,
 }
@@ -68,11 +71,14 @@ async fn handle(
     body: Bytes,
 ) -> (StatusCode, String) {
     let at = std::time::Instant::now();
-    let agent = headers
-        .get(axum::http::header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let agent = header("user-agent").unwrap_or_default();
+    let (traceparent, tracestate) = (header("traceparent"), header("tracestate"));
     let path = uri.path().to_owned();
     let rule = {
         let mut rules = inner.rules.lock().unwrap();
@@ -97,6 +103,8 @@ async fn handle(
         op: p.op,
         body: String::from_utf8_lossy(&body).into_owned(),
         agent,
+        traceparent,
+        tracestate,
         at,
     });
     inner.changed.notify_waiters();

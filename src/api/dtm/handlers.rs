@@ -8,7 +8,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
 use super::requests::{AllParams, GidOnly, QueryParams, Trans, parse};
@@ -38,6 +38,7 @@ pub(super) async fn new_gid() -> Json<Value> {
 
 pub(super) async fn prepare(
     State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
     let t = parse(body, &app)?;
@@ -48,7 +49,7 @@ pub(super) async fn prepare(
         )
         .into());
     }
-    let outcome = create_prepared(&app, &t).await?;
+    let outcome = create_prepared(&app, &t, &headers).await?;
     if outcome.tx.status != Status::Prepared {
         return Ok(failure(format!(
             "current status '{}', cannot prepare",
@@ -58,7 +59,13 @@ pub(super) async fn prepare(
     Ok(success())
 }
 
-async fn create_prepared(app: &AppState, t: &Trans) -> Result<StoredTx, DtmError> {
+/// Creates a TCC or msg; a repeat returns what is stored. The trace context is the
+/// creating request's (see `crate::trace`).
+async fn create_prepared(
+    app: &AppState,
+    t: &Trans,
+    headers: &HeaderMap,
+) -> Result<StoredTx, DtmError> {
     if t.kind == Kind::Msg && t.steps.is_empty() {
         return Err(ApiError::bad_request("empty_steps", "a msg needs at least one step").into());
     }
@@ -76,6 +83,7 @@ async fn create_prepared(app: &AppState, t: &Trans) -> Result<StoredTx, DtmError
             query_prepared: t.query_prepared.clone(),
             branches: Vec::new(),
             request: t.identity.clone(),
+            trace: crate::trace::from_headers(headers),
         })
         .await?;
     Ok(created.stored)
@@ -83,6 +91,7 @@ async fn create_prepared(app: &AppState, t: &Trans) -> Result<StoredTx, DtmError
 
 pub(super) async fn submit(
     State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
     let t = parse(body, &app)?;
@@ -108,6 +117,7 @@ pub(super) async fn submit(
                     steps,
                     options: t.options.clone(),
                     request: t.identity.clone(),
+                    trace: crate::trace::from_headers(&headers),
                 })
                 .await?;
         }
@@ -116,7 +126,7 @@ pub(super) async fn submit(
         }
         Kind::Msg => {
             // DTM lets a msg be submitted without a prepare; then this creates it.
-            create_prepared(&app, &t).await?;
+            create_prepared(&app, &t, &headers).await?;
             app.engine.submit(&t.gid).await?;
         }
     }

@@ -7,7 +7,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
@@ -27,8 +27,10 @@ use crate::store::ListFilter;
 
 pub(super) async fn create(
     State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let trace = crate::trace::from_headers(&headers);
     let (req, raw): (CreateRequest, Value) = parse_body(body, None)?;
     let kind: Kind = req.kind.parse().map_err(|_| {
         ApiError::bad_request(
@@ -97,6 +99,7 @@ pub(super) async fn create(
                     steps,
                     options,
                     request,
+                    trace,
                 })
                 .await?
         }
@@ -159,6 +162,7 @@ pub(super) async fn create(
                     query_prepared: req.query_prepared,
                     branches,
                     request,
+                    trace,
                 })
                 .await?
         }

@@ -52,6 +52,8 @@ macro_rules! bind_global_insert {
             .bind(tx.created_at)
             .bind(tx.updated_at)
             .bind(tx.finished_at)
+            .bind(tx.trace.as_ref().map(|t| t.traceparent.as_str()))
+            .bind(tx.trace.as_ref().and_then(|t| t.tracestate.as_deref()))
     }};
 }
 

@@ -29,6 +29,8 @@ pub struct GlobalRow {
     pub created_at: i64,
     pub updated_at: i64,
     pub finished_at: Option<i64>,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 /// A branch row as stored.
@@ -120,6 +122,10 @@ impl GlobalRow {
                 updated_at: self.updated_at,
                 finished_at: self.finished_at,
                 branches,
+                trace: self.traceparent.map(|traceparent| core::TraceContext {
+                    traceparent,
+                    tracestate: self.tracestate,
+                }),
             },
             request_hash: self.request_hash,
             owner_token: self.owner_token,

@@ -7,7 +7,7 @@ use idem_sql::Backend;
 
 pub(in crate::store) const GLOBAL_COLUMNS: &str = "gid, kind, status, stalled_from, request_hash, options, timeout_at, \
      attempts, next_attempt_at, last_error, reason, owner_token, lease_until, version, \
-     created_at, updated_at, finished_at";
+     created_at, updated_at, finished_at, traceparent, tracestate";
 pub(in crate::store) const BRANCH_COLUMNS: &str = "gid, branch_id, action, seq, url, payload, status, attempts, \
      next_attempt_at, last_error, in_progress_since, updated_at, finished_at";
 pub(in crate::store) const ATTEMPT_COLUMNS: &str =
@@ -44,7 +44,7 @@ impl Statements {
         Statements {
             insert_global: t(format!(
                 "INSERT INTO idem_global ({GLOBAL_COLUMNS}) VALUES {}{on_duplicate}",
-                rows(1, 17)
+                rows(1, 19)
             )),
             select_global: t(format!(
                 "SELECT {GLOBAL_COLUMNS} FROM idem_global WHERE gid = ?"
