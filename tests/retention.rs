@@ -335,3 +335,31 @@ async fn retention_passes_of_two_coordinators_under_load_delete_only_old_finishe
     }
     common::cleanup(dbs).await;
 }
+
+/// The SDK's settings mirror `idem serve`'s flags: the same defaults, so a participant that
+/// derives its barrier retention from `CoordinatorSettings::default()` matches a
+/// coordinator run with default flags.
+#[test]
+fn the_sdk_settings_default_to_the_serve_flags() {
+    use clap::Parser;
+    let cli = idem::cli::Cli::try_parse_from(["idem", "serve"]).unwrap();
+    let idem::cli::Command::Serve(args) = cli.command else {
+        panic!("serve parses as serve")
+    };
+    let sdk = idem_participant::CoordinatorSettings::default();
+    assert_eq!(
+        sdk,
+        idem_participant::CoordinatorSettings {
+            prepared_timeout_ms: args.prepared_timeout_ms,
+            request_timeout_ms: args.request_timeout_ms,
+            retry_interval_ms: args.retry_interval_ms,
+            max_retry_interval_ms: args.max_retry_interval_ms,
+            max_attempts: args.max_attempts,
+            max_in_progress_ms: args.max_in_progress_ms,
+            max_branches: args.max_branches,
+            lease_ms: args.lease_ms as u64,
+            recovery_interval_ms: args.recovery_interval_ms,
+        }
+    );
+    assert_eq!(args.retention_ms, 7 * DAY as u64);
+}
