@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem::core::*;
@@ -27,15 +28,16 @@ fn saga(gid: &str, base: &str, at: Millis) -> Transaction {
     Transaction::saga(gid, steps, TxOptions::default(), at)
 }
 
-/// Stores a saga created at `at` in `status`, with `finished_at`, one attempt row, and
-/// (if `owner`) a lease far in the future held by nobody here, so no coordinator drives it.
+/// Stores a saga created at `at` in `status`, with `finished_at`, one attempt row if
+/// `attempt`, and (if `owner`) a lease far in the future held by nobody here, so no
+/// coordinator drives it.
 async fn seed(
     store: &dyn Store,
     gid: &str,
     status: Status,
-    at: Millis,
-    finished_at: Option<Millis>,
+    (at, finished_at): (Millis, Option<Millis>),
     owner: bool,
+    attempt: bool,
 ) {
     let mut tx = saga(gid, "http://127.0.0.1:9", at);
     tx.status = status;
@@ -49,7 +51,9 @@ async fn seed(
         store.create(&tx, "h", owner.then_some(&far)).await.unwrap(),
         Created::Inserted
     );
-    add_attempt(store, &tx).await;
+    if attempt {
+        add_attempt(store, &tx).await;
+    }
 }
 
 async fn add_attempt(store: &dyn Store, tx: &Transaction) {
@@ -120,9 +124,9 @@ async fn a_batch_deletes_only_terminal_rows_past_the_cutoff_with_their_children(
                 store.as_ref(),
                 &format!("old-{i}"),
                 status,
-                old,
-                Some(old + 5),
+                (old, Some(old + 5)),
                 false,
+                true,
             )
             .await;
         }
@@ -131,9 +135,9 @@ async fn a_batch_deletes_only_terminal_rows_past_the_cutoff_with_their_children(
             store.as_ref(),
             "young-0",
             Status::Succeeded,
-            old,
-            Some(now),
+            (old, Some(now)),
             false,
+            true,
         )
         .await;
         // Not terminal, however old; `finished_at` set anyway, so only the status keeps
@@ -147,8 +151,8 @@ async fn a_batch_deletes_only_terminal_rows_past_the_cutoff_with_their_children(
                 store.as_ref(),
                 &format!("live-{i}"),
                 status,
-                old,
-                Some(old),
+                (old, Some(old)),
+                true,
                 true,
             )
             .await;
@@ -209,9 +213,9 @@ async fn retention_passes_of_two_coordinators_under_load_delete_only_old_finishe
                 store.as_ref(),
                 &format!("old-{i}"),
                 status,
-                old,
-                Some(old + 1),
+                (old, Some(old + 1)),
                 false,
+                true,
             )
             .await;
         }
@@ -221,9 +225,9 @@ async fn retention_passes_of_two_coordinators_under_load_delete_only_old_finishe
                 store.as_ref(),
                 &format!("young-{i}"),
                 Status::Failed,
-                at,
-                Some(at),
+                (at, Some(at)),
                 false,
+                true,
             )
             .await;
         }
@@ -235,8 +239,8 @@ async fn retention_passes_of_two_coordinators_under_load_delete_only_old_finishe
                 store.as_ref(),
                 &format!("live-{i}"),
                 status,
-                old,
-                None,
+                (old, None),
+                true,
                 true,
             )
             .await;
@@ -261,6 +265,28 @@ async fn retention_passes_of_two_coordinators_under_load_delete_only_old_finishe
             common::typed::client(&a.url()),
             common::typed::client(&bnode.url()),
         ];
+        // More old finished rows arrive while the load and the passes run (as they would
+        // from a coordinator still finishing what it drove), so deletes overlap the load.
+        const LATE: usize = 30;
+        let seeder = {
+            let store = Arc::clone(store);
+            tokio::spawn(async move {
+                for i in 0..LATE {
+                    let gid = format!("old-late-{i}");
+                    // No attempt row: retention may take the row before one could be added.
+                    seed(
+                        store.as_ref(),
+                        &gid,
+                        Status::Succeeded,
+                        (old, Some(old)),
+                        false,
+                        false,
+                    )
+                    .await;
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                }
+            })
+        };
         let load: Vec<_> = (0..4)
             .map(|w| {
                 let client = clients[w % 2].clone();
@@ -285,6 +311,7 @@ async fn retention_passes_of_two_coordinators_under_load_delete_only_old_finishe
             })
             .collect();
 
+        seeder.await.unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         while counts(&pool, "old-").await != [0, 0, 0] {
             assert!(
@@ -321,10 +348,10 @@ async fn retention_passes_of_two_coordinators_under_load_delete_only_old_finishe
         }
         let after = deleted_metric();
         let delta: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
-        let old = OLD as u64;
+        let old = (OLD + LATE) as u64;
         assert_eq!(
             delta,
-            [old, old * 2 * STEPS as u64, old],
+            [old, old * 2 * STEPS as u64, OLD as u64],
             "{b}: the metric counts each row once"
         );
         assert_eq!(after, passes_later, "{b}: later passes deleted nothing");
