@@ -9,6 +9,7 @@ pub mod core;
 pub mod engine;
 pub mod http_server;
 pub mod metrics;
+pub mod retention;
 pub mod server;
 pub mod store;
 pub mod telemetry;

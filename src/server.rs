@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub http: HttpLimits,
     /// How much of a participant's answer is read (see `transport`).
     pub max_answer_bytes: usize,
+    /// Deleting finished transactions (see `retention`).
+    pub retention: crate::retention::RetentionConfig,
 }
 
 impl ServerConfig {
@@ -54,6 +56,7 @@ impl ServerConfig {
             clock_sync_interval: Duration::from_secs(30),
             http: HttpLimits::default(),
             max_answer_bytes: crate::transport::DEFAULT_MAX_ANSWER_BYTES,
+            retention: crate::retention::RetentionConfig::default(),
         }
     }
 }
@@ -66,6 +69,7 @@ pub struct RunningServer {
     task: JoinHandle<()>,
     grace: Duration,
     clock_sync: CancellationToken,
+    retention: CancellationToken,
 }
 
 impl RunningServer {
@@ -80,6 +84,7 @@ impl RunningServer {
     pub async fn stop(self) -> std::io::Result<()> {
         self.engine.begin_shutdown();
         self.clock_sync.cancel();
+        self.retention.cancel();
         let _ = self.shutdown.send(());
         self.task.await.map_err(std::io::Error::other)?;
         self.engine.finish_shutdown(self.grace).await;
@@ -131,6 +136,8 @@ pub async fn start_with(
         config.clock_sync_interval,
         clock_sync.clone(),
     ));
+    let retention = CancellationToken::new();
+    crate::retention::spawn(Arc::clone(&store), config.retention, retention.clone());
     let engine =
         Engine::new(store, transport, clock, config.engine.clone()).with_observer(observer);
     let listener = TcpListener::bind(config.listen).await?;
@@ -155,5 +162,6 @@ pub async fn start_with(
         task,
         grace: config.shutdown_grace,
         clock_sync,
+        retention,
     })
 }

@@ -129,6 +129,20 @@ pub struct ServeArgs {
     /// `http://127.0.0.1:4318` (its `/v1/traces`); none: nothing is exported.
     #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// How long a finished (succeeded or failed) transaction is kept, with its branch and
+    /// attempt rows, after it finished, in ms; then retention deletes it. 0 keeps every
+    /// transaction for ever. A stalled or unfinished one is never deleted. A client that
+    /// repeats a request after this creates a new transaction under the same gid.
+    #[arg(long, env = "IDEM_RETENTION_MS", default_value_t = crate::retention::DEFAULT_RETENTION_MS)]
+    pub retention_ms: u64,
+    /// How often retention looks for finished transactions past `--retention-ms`, in ms.
+    #[arg(long, env = "IDEM_RETENTION_INTERVAL_MS", default_value_t = crate::retention::DEFAULT_RETENTION_INTERVAL_MS,
+          value_parser = clap::value_parser!(u64).range(10..))]
+    pub retention_interval_ms: u64,
+    /// Transactions retention deletes per database transaction, at most.
+    #[arg(long, env = "IDEM_RETENTION_BATCH", default_value_t = crate::retention::DEFAULT_RETENTION_BATCH,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub retention_batch: u32,
 }
 
 /// Runs `idem serve`: the coordinator the flags describe, until SIGTERM or Ctrl-C.
@@ -187,6 +201,11 @@ pub fn server_config(args: &ServeArgs) -> ServerConfig {
     config.http.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
     config.http.max_connections = args.max_http_connections;
     config.connect.max_branches = args.max_branches as usize;
+    config.retention = crate::retention::RetentionConfig::from_flags(
+        args.retention_ms,
+        args.retention_interval_ms,
+        args.retention_batch,
+    );
     config
 }
 

@@ -116,4 +116,9 @@ impl Store for Bounded {
     async fn db_now(&self) -> Result<Millis> {
         self.call(self.inner.db_now()).await
     }
+
+    async fn purge_finished(&self, finished_before: Millis, limit: u32) -> Result<Purged> {
+        self.call(self.inner.purge_finished(finished_before, limit))
+            .await
+    }
 }

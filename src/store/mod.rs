@@ -142,6 +142,22 @@ pub struct ListFilter {
     pub limit: u32,
 }
 
+/// Rows removed by one batch of [`Store::purge_finished`], by table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Purged {
+    pub global: u64,
+    pub branch: u64,
+    pub attempt: u64,
+}
+
+impl Purged {
+    pub fn add(&mut self, other: Purged) {
+        self.global += other.global;
+        self.branch += other.branch;
+        self.attempt += other.attempt;
+    }
+}
+
 /// A page of transactions, without their branches.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Page {
@@ -203,6 +219,15 @@ pub trait Store: Send + Sync + 'static {
     /// The database's clock, in milliseconds since the epoch: the one time every
     /// coordinator sharing the database agrees on (see `engine::SyncedClock`).
     async fn db_now(&self) -> Result<Millis>;
+
+    /// Retention, one batch in its own short database transaction: deletes up to `limit`
+    /// terminal transactions (succeeded or failed) that finished before `finished_before`,
+    /// with their branch and attempt rows. The delete itself re-checks status and age, and
+    /// children go only for gids whose global row is gone, so a transaction that is not
+    /// terminal is never touched, whatever races it. Several coordinators may run it at
+    /// once: they lock different rows where the database can skip locked ones, and a row
+    /// deleted twice is deleted once.
+    async fn purge_finished(&self, finished_before: Millis, limit: u32) -> Result<Purged>;
 }
 
 /// How to open a store.

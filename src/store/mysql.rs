@@ -20,6 +20,8 @@ impl StoreDatabase for MySql {
     const BACKEND: Backend = Backend::Mysql;
     // SYSDATE(3), not NOW(3): NOW() is the start of the statement's transaction.
     const NOW_MS: &'static str = "SELECT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)";
+    // MariaDB 10.6 and MySQL 8.0 have SKIP LOCKED (the claim uses it too).
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const ON_DUPLICATE_DO_NOTHING: &'static str = "";
 
     fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {

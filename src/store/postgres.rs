@@ -28,6 +28,7 @@ impl StoreDatabase for Postgres {
     // clock_timestamp(), not now(): now() is the start of the transaction.
     const NOW_MS: &'static str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
     // A caught unique violation would abort the whole PostgreSQL transaction.
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const ON_DUPLICATE_DO_NOTHING: &'static str = " ON CONFLICT DO NOTHING";
 
     fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {

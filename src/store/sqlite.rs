@@ -25,6 +25,8 @@ impl StoreDatabase for Sqlite {
     // can open the same file.
     const NOW_MS: &'static str =
         "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+    // BEGIN IMMEDIATE already holds every other writer off.
+    const SKIP_LOCKED: &'static str = "";
     const ON_DUPLICATE_DO_NOTHING: &'static str = " ON CONFLICT DO NOTHING";
 
     fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {

@@ -81,13 +81,7 @@ impl Coordinator {
 
     pub(super) async fn sql(&self, http: &reqwest::Client) -> Result<SqlCounts, Error> {
         let text = idem_client(&self.url, http)?.metrics().await?;
-        let value = |name: &str| -> u64 {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0) as u64
-        };
+        let value = |name: &str| series(&text, name).unwrap_or(0);
         Ok(SqlCounts {
             reads: value("idem_sql_statements_total{kind=\"read\"}"),
             writes: value("idem_sql_statements_total{kind=\"write\"}"),
@@ -95,6 +89,16 @@ impl Coordinator {
             commits: value("idem_sql_commits_total"),
             rollbacks: 0,
         })
+    }
+
+    /// Transactions retention deleted so far; `None` if it is off (`--retention-ms 0`).
+    pub(super) async fn retention_deleted(
+        &self,
+        http: &reqwest::Client,
+    ) -> Result<Option<u64>, Error> {
+        let text = idem_client(&self.url, http)?.metrics().await?;
+        let name = format!("{}{{table=\"global\"}}", idem::retention::ROWS_DELETED);
+        Ok(series(&text, &name))
     }
 
     pub fn kill(&mut self) {
@@ -116,4 +120,13 @@ pub(super) fn proc_status_kb(pid: Option<u32>, key: &str) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
+}
+
+/// The value of one series in a Prometheus text exposition.
+fn series(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
 }

@@ -122,6 +122,9 @@ pub struct BenchResult {
     pub share_of_limit: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub soak: Option<SoakFigures>,
+    /// Transactions the timed coordinator's retention deleted during the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_deleted: Option<u64>,
 }
 
 impl BenchResult {
@@ -183,6 +186,11 @@ impl BenchResult {
                 sql.coordinator_commits,
                 sql.participant_statements,
                 sql.participant_commits
+            ));
+        }
+        if let Some(n) = self.retention_deleted.filter(|n| *n > 0) {
+            out.push_str(&format!(
+                "  retention deleted {n} finished transactions during the run\n"
             ));
         }
         out
@@ -414,6 +422,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         // CPU over warm-up and measurement, scaled to the measured share.
         coordinator_cpu_seconds: cpu * measured.as_secs_f64()
             / (config.warmup + config.duration).as_secs_f64(),
+        retention_deleted: coordinator.retention_deleted(&http).await?,
         ..BenchResult::default()
     };
     coordinator.stop().await;

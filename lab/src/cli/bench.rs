@@ -51,9 +51,25 @@ pub struct BenchArgs {
     /// itself, whose `serve` is the same coordinator.
     #[arg(long)]
     pub idem_bin: Option<std::path::PathBuf>,
+    /// The coordinator's `--retention-ms`: finished transactions older than this are
+    /// deleted (a short one, such as 2000, makes retention delete as fast as the load
+    /// finishes transactions: its cost under load).
+    #[arg(long)]
+    pub retention_ms: Option<u64>,
+    /// The coordinator's `--retention-interval-ms`: how often retention runs.
+    #[arg(long)]
+    pub retention_interval_ms: Option<u64>,
 }
 
-pub(super) async fn bench(args: BenchArgs) -> Result<(), BoxError> {
+pub(super) async fn bench(mut args: BenchArgs) -> Result<(), BoxError> {
+    for (flag, value) in [
+        ("--retention-ms", args.retention_ms),
+        ("--retention-interval-ms", args.retention_interval_ms),
+    ] {
+        if let Some(value) = value {
+            args.serve_args.extend([flag.to_owned(), value.to_string()]);
+        }
+    }
     let config = crate::bench::BenchConfig {
         workload: args.workload,
         backend: args.backend,

@@ -48,6 +48,7 @@ pub mod barrier;
 pub mod error;
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod retention;
 pub mod schema;
 
 /// The lean pool lives in `idem-sql`, shared with the coordinator; re-exported here so that
@@ -70,6 +71,7 @@ pub use idem_sql::Backend;
 /// [`Backend`] under the SDK's former name: `Dialect::from_url`, `tx.dialect().sql(..)`.
 pub use idem_sql::Backend as Dialect;
 pub use idem_sql::{LeanPool, LeanPoolOptions, Leased, Placeholders, rewrite_placeholders};
+pub use retention::{BarrierRetention, CoordinatorSettings, spawn_barrier_purge};
 pub use schema::{
     BarrierRecord, MsgState, barrier_ddl, barrier_records, barrier_records_in,
     create_barrier_table, create_barrier_table_named, purge_barriers, query_prepared,

@@ -148,8 +148,10 @@ pub async fn barrier_records_in<DB: BarrierDatabase>(
 /// The retention must exceed the longest time the coordinator may still deliver a call for
 /// a global transaction (its timeout plus its whole retry schedule): a Try arriving after
 /// its guard was purged would run, and a Confirm first arriving (or first succeeding) after
-/// its Try's row was purged is refused on every retry, leaving the branch stuck. Never purge
-/// more eagerly than that.
+/// its Try's row was purged is refused on every retry, leaving the branch stuck, and a late
+/// Cancel whose Try row is gone records an empty rollback while the Try's effect stays.
+/// Never purge more eagerly than that: [`crate::BarrierRetention`] derives the window from
+/// the coordinator's settings, and [`crate::spawn_barrier_purge`] runs this on a schedule.
 pub async fn purge_barriers<DB: BarrierDatabase>(
     pool: &Pool<DB>,
     table: &str,

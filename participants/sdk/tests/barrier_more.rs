@@ -262,19 +262,7 @@ async fn keys_are_case_sensitive_and_purge_keeps_recent_rows() {
         .unwrap();
         assert_eq!(purged, 0, "{}", db.backend);
         // Age one row by a day, then purge with a one-hour retention.
-        let old = match db.backend {
-            testing::Backend::Sqlite => "'2000-01-01T00:00:00.000Z'",
-            testing::Backend::Postgres => "now() - interval '1 day'",
-            testing::Backend::Mysql => "NOW(3) - INTERVAL 1 DAY",
-        };
-        let dialect = Dialect::from_url(&db.url).unwrap();
-        sqlx::query(dialect.sql(&format!(
-            "UPDATE idem_barrier SET created_at = {old} WHERE gid = ?"
-        )))
-        .bind(g.clone())
-        .execute(&pool)
-        .await
-        .unwrap();
+        common::age_rows(&pool, &db, &g, 1).await;
         let purged = idem_participant::purge_barriers(
             &pool,
             idem_participant::DEFAULT_TABLE,

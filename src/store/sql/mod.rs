@@ -8,6 +8,7 @@
 //! - `rows.rs`: the rows as stored, their mapping to the core's types, and the loads;
 //! - `writes.rs`: creates, saves and registrations' inserts inside a write transaction;
 //! - `group_commit.rs`: concurrent writes queued for one writer task and shared commits;
+//! - `retention.rs`: finished transactions deleted in bounded batches;
 //! - `store_impl.rs`: the [`Store`] trait on top of them.
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use crate::core::{Millis, Transaction};
 
 pub(crate) mod binds;
 mod group_commit;
+mod retention;
 mod rows;
 mod statements;
 mod store_impl;
@@ -51,6 +53,10 @@ pub trait StoreDatabase: Database + Sized {
 
     /// Reads the database's clock as epoch milliseconds (one BIGINT column).
     const NOW_MS: &'static str;
+
+    /// Appended to a locking read that should pass over rows another transaction holds
+    /// (retention's batches); empty where writers are serialised anyway (SQLite).
+    const SKIP_LOCKED: &'static str;
 
     /// A database that can store a whole save in one statement (PostgreSQL's
     /// data-modifying CTEs) does it here; `None` means: use a transaction.

@@ -9,8 +9,8 @@ use super::writes::branch_groups;
 use super::{SqlStore, StoreDatabase, q, saved_if};
 use crate::core::{self, Branch, Millis, Status, Transaction};
 use crate::store::{
-    AttemptRecord, Created, Lease, ListFilter, Page, Registered, Result, Save, Saved, Store,
-    StoreError, StoredTx,
+    AttemptRecord, Created, Lease, ListFilter, Page, Purged, Registered, Result, Save, Saved,
+    Store, StoreError, StoredTx,
 };
 
 // The bounds below say "the generic code can run these statements and decode these rows
@@ -205,6 +205,11 @@ where
             .fetch_one(&self.pool)
             .await?;
         Ok(now)
+    }
+
+    async fn purge_finished(&self, finished_before: Millis, limit: u32) -> Result<Purged> {
+        self.purge_finished_batch(finished_before, limit.max(1))
+            .await
     }
 
     async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool> {

@@ -51,3 +51,23 @@ pub fn tcc(gid: &str, op: Op) -> Barrier {
 pub fn gid(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
+
+/// Makes the barrier rows of `gid` `days` old (SQLite: from the year 2000, older than any
+/// test's `days`): the purge judges rows by `created_at`.
+// Used by the purge tests only; each test file compiles this module on its own.
+#[allow(dead_code)]
+pub async fn age_rows(pool: &AnyPool, db: &TestDatabase, gid: &str, days: u32) {
+    use idem_participant::testing::Backend;
+    let old = match db.backend {
+        Backend::Sqlite => "'2000-01-01T00:00:00.000Z'".to_owned(),
+        Backend::Postgres => format!("now() - interval '{days} days'"),
+        Backend::Mysql => format!("NOW(3) - INTERVAL {days} DAY"),
+    };
+    sqlx::query(db.backend.sql(&format!(
+        "UPDATE idem_barrier SET created_at = {old} WHERE gid = ?"
+    )))
+    .bind(gid.to_owned())
+    .execute(pool)
+    .await
+    .expect("age the rows");
+}
