@@ -2,12 +2,16 @@
 //! each metric moves when its event happens, every metric has its HELP line, latencies are
 //! histograms with buckets, and no label value is a gid.
 //!
+//! The same steps check the log lines of the events an operator must see (failed, stalled,
+//! force-stopped, taken over), with their fields.
+//!
 //! The recorder is process-global, so this binary holds one test: its steps run one after
 //! the other and each asserts the change its own event made.
 
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Api;
@@ -95,6 +99,50 @@ async fn until(base: &str, what: &str, check: impl Fn(&Scrape) -> bool) -> Scrap
     }
 }
 
+/// What the process logged at the default level, as the operator's terminal shows it.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+impl Logs {
+    fn install() -> Logs {
+        let logs = Logs::default();
+        tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .init();
+        logs
+    }
+
+    /// The line that says `message` about `gid`, with every one of `fields`.
+    fn line(&self, message: &str, gid: &str, fields: &[&str]) -> String {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        let gid_field = format!("gid=\"{gid}\"");
+        text.lines()
+            .find(|l| l.contains(message) && l.contains(&gid_field))
+            .filter(|l| fields.iter().all(|f| l.contains(f)))
+            .unwrap_or_else(|| panic!("no line {message:?} for {gid} with {fields:?}:\n{text}"))
+            .to_owned()
+    }
+}
+
 fn steps(p: &Recorder, tag: &str) -> Value {
     json!([
         {"action": p.url(&format!("/{tag}/1/action")), "compensate": p.url(&format!("/{tag}/1/compensate")), "payload": {"n": 1}},
@@ -104,6 +152,7 @@ fn steps(p: &Recorder, tag: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_metric_moves_when_its_event_happens() {
+    let logs = Logs::install();
     for db in idem_participant::testing::all("metrics_move").await {
         let b = db.backend;
         let server = common::coordinator_with(&db.url, |c| {
@@ -228,12 +277,30 @@ async fn each_metric_moves_when_its_event_happens() {
             s.value("idem_transactions_active", &[("status", "stalled")]) == 0.0
         })
         .await;
-        let ops = |s: &Scrape, a: &str| s.value("idem_operator_actions_total", &[("action", a)]);
-        assert_eq!(ops(&s, "retry") - ops(&before, "retry"), 1.0, "{b}");
-        assert_eq!(
-            ops(&s, "force_stop") - ops(&before, "force_stop"),
-            1.0,
-            "{b}"
+        for action in ["retry", "force_stop"] {
+            let labels = [("action", action)];
+            let moved = s.since(&before, "idem_operator_actions_total", &labels);
+            assert_eq!(moved, 1.0, "{b}: {action}");
+        }
+        let stalled = &g;
+        let line = logs.line(
+            "transaction stalled",
+            stalled,
+            &["kind=\"saga\"", "status=\"stalled\""],
+        );
+        assert!(
+            line.contains("WARN") && line.contains("reason="),
+            "{b}: {line}"
+        );
+        logs.line(
+            "force-stopped",
+            stalled,
+            &["kind=\"saga\"", "status=\"failed\"", "metrics test"],
+        );
+        logs.line(
+            "transaction failed",
+            stalled,
+            &["kind=\"saga\"", "from=\"stalled\""],
         );
         assert_eq!(
             s.since(&before, "idem_stalls_total", &saga),
@@ -263,6 +330,7 @@ async fn each_metric_moves_when_its_event_happens() {
         })
         .await;
         assert!(s.has("idem_recovery_lag_seconds"), "{b}");
+        assert_eq!(s.value("idem_ready", &[]), 1.0, "{b}");
 
         // A row whose lease another process held and let lapse is claimed: a takeover.
         let before = s;
@@ -292,6 +360,11 @@ async fn each_metric_moves_when_its_event_happens() {
             .await;
         let s = Scrape::of(&base).await;
         assert!(s.since(&before, "idem_claims_total", &[]) >= 1.0, "{b}");
+        logs.line(
+            "taking over",
+            &g,
+            &["kind=\"saga\"", "previous_owner=\"elsewhere:", "reason="],
+        );
         assert_eq!(s.since(&before, "idem_takeovers_total", &[]), 1.0, "{b}");
 
         // The exposition: HELP for every metric, buckets for the latencies, no summary,
@@ -328,6 +401,13 @@ async fn each_metric_moves_when_its_event_happens() {
                     "{b}: {name} has a gid in a label: {labels:?}"
                 );
             }
+        }
+
+        // Readiness as a gauge: an SQLite file taken away is not ready (as /health/ready).
+        if b == idem_participant::Backend::Sqlite {
+            let path = db.url.trim_start_matches("sqlite://");
+            std::fs::remove_file(path.split('?').next().unwrap()).unwrap();
+            until(&base, "idem_ready 0", |s| s.value("idem_ready", &[]) == 0.0).await;
         }
 
         server.stop().await.unwrap();

@@ -171,6 +171,12 @@ pub const DESCRIPTIONS: &[(&str, Type, &str, &str)] = &[
         "How late the recovery loop is: time since its last pass began beyond its interval (0 while on time).",
     ),
     (
+        "idem_ready",
+        Type::Gauge,
+        "",
+        "1 while the database answers the check of GET /health/ready, 0 while it does not (sampled).",
+    ),
+    (
         "idem_metrics_sampled_at_seconds",
         Type::Gauge,
         "",

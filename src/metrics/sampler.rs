@@ -43,6 +43,15 @@ pub async fn sample(engine: &Engine) {
     if let Some(lag) = engine.recovery_lag() {
         metrics::gauge!("idem_recovery_lag_seconds").set(lag.as_secs_f64());
     }
+    // The check of `/health/ready`, so that an alert on readiness needs no prober.
+    let ready = engine
+        .ping_database(crate::api::READY_TIMEOUT)
+        .await
+        .is_ok();
+    metrics::gauge!("idem_ready").set(if ready { 1.0 } else { 0.0 });
+    if !ready {
+        return;
+    }
     let summary = match engine.active_summary().await {
         Ok(summary) => summary,
         Err(e) => {
