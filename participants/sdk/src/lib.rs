@@ -48,6 +48,7 @@ pub mod barrier;
 pub mod error;
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod metrics;
 pub mod schema;
 
 /// The lean pool lives in `idem-sql`, shared with the coordinator; re-exported here so that
