@@ -32,7 +32,9 @@ fn snapshotter() -> &'static Snapshotter {
 /// One snapshot: (name, labels, value, description). A snapshot takes what was recorded
 /// since the one before (counters are swapped to zero, histogram samples taken), so each
 /// is the change of its own steps.
-struct Seen(Vec<(String, Vec<(String, String)>, DebugValue, Option<String>)>);
+struct Seen(Vec<Sample>);
+
+type Sample = (String, Vec<(String, String)>, DebugValue, Option<String>);
 
 impl Seen {
     fn now() -> Seen {
@@ -62,8 +64,7 @@ impl Seen {
         &'a self,
         name: &'a str,
         labels: &'a [(&str, &str)],
-    ) -> impl Iterator<Item = &'a (String, Vec<(String, String)>, DebugValue, Option<String>)> + 'a
-    {
+    ) -> impl Iterator<Item = &'a Sample> + 'a {
         self.0.iter().filter(move |(n, l, _, _)| {
             n == name
                 && labels
