@@ -403,11 +403,15 @@ async fn each_metric_moves_when_its_event_happens() {
             }
         }
 
-        // Readiness as a gauge: an SQLite file taken away is not ready (as /health/ready).
+        // Readiness as a gauge: an SQLite file taken away is not ready (as /health/ready),
+        // and each failed check is a store error.
         if b == idem_participant::Backend::Sqlite {
+            let before = s;
             let path = db.url.trim_start_matches("sqlite://");
             std::fs::remove_file(path.split('?').next().unwrap()).unwrap();
-            until(&base, "idem_ready 0", |s| s.value("idem_ready", &[]) == 0.0).await;
+            let s = until(&base, "idem_ready 0", |s| s.value("idem_ready", &[]) == 0.0).await;
+            let errors = s.since(&before, "idem_store_errors_total", &[]);
+            assert!(errors >= 1.0, "{b}: {errors}");
         }
 
         server.stop().await.unwrap();
