@@ -332,6 +332,52 @@ async fn each_metric_moves_when_its_event_happens() {
         assert!(s.has("idem_recovery_lag_seconds"), "{b}");
         assert_eq!(s.value("idem_ready", &[]), 1.0, "{b}");
 
+        // Another coordinator takes the row while its driver sleeps through a backoff: the
+        // driver's renewal before its next round (which must cover a 5 s call) fails.
+        let before = s;
+        let g = gid("stolen");
+        gids.push(g.clone());
+        p.answer("/stolen/1/action", Some(&g), 1, 500);
+        let options = json!({"retry_interval_ms": 1500, "max_retry_interval_ms": 3000, "request_timeout_ms": 5000});
+        let body =
+            json!({"gid": g, "kind": "saga", "steps": steps(&p, "stolen"), "options": options});
+        assert_eq!(api.post("/api/v1/transactions", body).await.0, 201);
+        let store = server.engine.store();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let stored = loop {
+            let stored = store.load(&g).await.unwrap().unwrap();
+            if stored.tx.attempts == 1 {
+                break stored;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{b}: the failed call is not stored"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let thief = Lease {
+            token: "thief:0000beef:000000000000000000000000".into(),
+            until: server.engine.now() + 300,
+        };
+        let stolen = store
+            .save(idem::store::Save {
+                before: &stored.tx,
+                after: &stored.tx,
+                guard: idem::store::Guard::Version(stored.version),
+                lease: Some(&thief),
+                attempts: &[],
+            })
+            .await
+            .unwrap();
+        assert_eq!(stolen, idem::store::Saved::Saved, "{b}");
+        api.wait_status(&g, &["succeeded"], Duration::from_secs(20))
+            .await;
+        let s = Scrape::of(&base).await;
+        assert_eq!(s.since(&before, "idem_leases_lost_total", &[]), 1.0, "{b}");
+        // The thief's lease lapses and this coordinator takes the saga back from it.
+        assert!(s.since(&before, "idem_takeovers_total", &[]) >= 1.0, "{b}");
+        logs.line("taking over", &g, &["previous_owner=\"thief:"]);
+
         // A row whose lease another process held and let lapse is claimed: a takeover.
         let before = s;
         let g = gid("orphan");
