@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::core::Kind;
+use crate::core::{Kind, Status};
 
 pub use observer::MetricsObserver;
 pub use sql::{
@@ -257,6 +257,11 @@ fn describe() {
             "kind" => {
                 for kind in [Kind::Tcc, Kind::Saga, Kind::Msg] {
                     metrics::counter!(*name, "kind" => kind.as_str()).increment(0);
+                }
+            }
+            "status" => {
+                for status in Status::ALL {
+                    metrics::counter!(*name, "status" => status.as_str()).increment(0);
                 }
             }
             "action" => {
