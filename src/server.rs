@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState};
-use crate::engine::{Engine, EngineConfig, Observer, Observers, SyncedClock};
+use crate::engine::{Engine, EngineConfig, EventLog, Observer, Observers, SyncedClock};
 use crate::http_server::{self, HttpLimits};
 use crate::store::{self, ConnectOptions, Store};
 use crate::transport::{HttpTransport, Transport};
@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub max_answer_bytes: usize,
     /// Deleting finished transactions (see `retention`).
     pub retention: crate::retention::RetentionConfig,
+    /// How often the database-derived gauges of `/metrics` are sampled.
+    pub metrics_sample_interval: Duration,
 }
 
 impl ServerConfig {
@@ -57,6 +59,7 @@ impl ServerConfig {
             http: HttpLimits::default(),
             max_answer_bytes: crate::transport::DEFAULT_MAX_ANSWER_BYTES,
             retention: crate::retention::RetentionConfig::default(),
+            metrics_sample_interval: crate::metrics::sampler::DEFAULT_INTERVAL,
         }
     }
 }
@@ -123,7 +126,10 @@ pub async fn start_with(
     let store =
         store::open_when_ready(&config.database_url, &config.connect, config.database_wait).await?;
     crate::metrics::install();
-    let mut all: Vec<Arc<dyn Observer>> = vec![Arc::new(crate::metrics::MetricsObserver)];
+    let mut all: Vec<Arc<dyn Observer>> = vec![
+        Arc::new(crate::metrics::MetricsObserver),
+        Arc::new(EventLog),
+    ];
     all.extend(observers);
     let observer: Arc<dyn Observer> = Arc::new(Observers(all));
     let clock = SyncedClock::new(config.clock_skew_ms);
@@ -151,6 +157,12 @@ pub async fn start_with(
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     engine.release_own_leases().await?;
     tokio::spawn(Arc::clone(&engine).run_recovery());
+    // Stopped with the clock's sync: both are this server's background tasks.
+    tokio::spawn(crate::metrics::sampler::run(
+        Arc::clone(&engine),
+        config.metrics_sample_interval,
+        clock_sync.clone(),
+    ));
     let task = tokio::spawn(http_server::serve(listener, app, config.http, async move {
         let _ = rx.await;
     }));

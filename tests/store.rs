@@ -278,6 +278,9 @@ async fn saves_are_fenced_by_owner_token_and_status() {
         let second = lease("second", T0 + 5_000);
         let claimed = store.claim_due(&second, T0 + 2_000, 10).await.unwrap();
         assert_eq!(claimed.len(), 1, "{b}");
+        // The claim says whose the row was: a takeover, for the metrics and the log.
+        assert_eq!(claimed[0].previous_owner.as_deref(), Some("first"), "{b}");
+        let claimed: Vec<_> = claimed.into_iter().map(|c| c.stored).collect();
         assert_eq!(claimed[0].owner_token.as_deref(), Some("second"));
 
         // The stale first owner wakes up and tries to write: refused.
@@ -381,7 +384,13 @@ async fn claims_take_only_due_unowned_rows_and_never_the_same_row_twice() {
                 let mut mine = Vec::new();
                 loop {
                     let l = lease(&format!("c{c}"), now + 30_000);
-                    let got = store.claim_due(&l, now, 7).await.unwrap();
+                    let got: Vec<_> = store
+                        .claim_due(&l, now, 7)
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .map(|c| c.stored)
+                        .collect();
                     if got.is_empty() {
                         return mine;
                     }
@@ -410,7 +419,7 @@ async fn claims_take_only_due_unowned_rows_and_never_the_same_row_twice() {
             .claim_due(&lease("late", T0 + 200_000), T0 + 60_001, 100)
             .await
             .unwrap();
-        let gids: HashSet<String> = got.into_iter().map(|s| s.tx.gid).collect();
+        let gids: HashSet<String> = got.into_iter().map(|c| c.stored.tx.gid).collect();
         assert!(
             gids.contains("leased") && gids.contains("later"),
             "{b}: {gids:?}"
@@ -463,6 +472,51 @@ async fn list_filters_and_pages() {
             .unwrap();
         let gids: Vec<&str> = prepared.items.iter().map(|s| s.tx.gid.as_str()).collect();
         assert_eq!(gids, ["t3", "t2"], "{b}");
+    }
+    common::cleanup(dbs).await;
+}
+
+#[tokio::test]
+async fn active_summary_counts_the_non_terminal_rows_by_status() {
+    let dbs = common::stores("active_summary_counts_non_terminal").await;
+    for (db, store) in &dbs {
+        let b = db.backend;
+        assert_eq!(store.active_summary().await.unwrap(), vec![], "{b}");
+        store.create(&saga("r1"), "h", None).await.unwrap();
+        let mut r2 = saga("r2");
+        r2.created_at = T0 - 7_000;
+        store.create(&r2, "h", None).await.unwrap();
+        let mut done = saga("done");
+        done.status = Status::Succeeded;
+        done.created_at = T0 - 60_000;
+        store.create(&done, "h", None).await.unwrap();
+        let mut stalled = saga("stalled");
+        stalled.status = Status::Stalled;
+        stalled.stalled_from = Some(Status::Running);
+        stalled.created_at = T0 - 3_000;
+        store.create(&stalled, "h", None).await.unwrap();
+        store.create(&tcc("p"), "h", None).await.unwrap();
+
+        let mut got = store.active_summary().await.unwrap();
+        got.sort_by_key(|s| s.status.as_str());
+        let want = vec![
+            StatusSummary {
+                status: Status::Prepared,
+                count: 1,
+                oldest_created_at: T0,
+            },
+            StatusSummary {
+                status: Status::Running,
+                count: 2,
+                oldest_created_at: T0 - 7_000,
+            },
+            StatusSummary {
+                status: Status::Stalled,
+                count: 1,
+                oldest_created_at: T0 - 3_000,
+            },
+        ];
+        assert_eq!(got, want, "{b}: finished rows are not counted");
     }
     common::cleanup(dbs).await;
 }

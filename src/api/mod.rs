@@ -15,6 +15,7 @@ use crate::engine::Engine;
 
 pub mod dtm;
 pub mod error;
+mod http_metrics;
 pub mod native;
 pub mod validate;
 
@@ -46,6 +47,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(dtm::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn(log_server_errors))
+        .layer(middleware::from_fn(http_metrics::count_requests))
         .with_state(state)
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 use super::*;
+use crate::transport::CallResult;
 
 impl Engine {
     // ---- driving ---------------------------------------------------------------------
@@ -226,12 +227,10 @@ impl Engine {
         reason: String,
     ) {
         let gid = current.gid.as_str();
-        tracing::error!(
-            gid,
-            reason,
-            "stalling: nothing more is called until an operator retries"
-        );
-        let event = Event::Stall { reason };
+        // The stall is logged once stored, by the observers (`EventLog`), as every stall is.
+        let event = Event::Stall {
+            reason: reason.clone(),
+        };
         let Ok(t) = core::apply(current, &event, self.ctx()) else {
             return;
         };
@@ -253,7 +252,7 @@ impl Engine {
             }
             Ok(false) => self.observer.fenced(gid),
             Err(e) => {
-                tracing::error!(gid, error = %e, "cannot store the stall either; leaving it to recovery")
+                tracing::error!(gid, reason, error = %e, "cannot store the stall either; leaving it to recovery")
             }
         }
     }
@@ -286,12 +285,16 @@ impl Engine {
         }
         let until = now + needed + self.config.lease_ms;
         match self.store.renew(gid, &lease.token, until).await {
-            Ok(true) => Some(Lease {
-                token: lease.token.clone(),
-                until,
-            }),
+            Ok(true) => {
+                self.observer.renewed(gid);
+                Some(Lease {
+                    token: lease.token.clone(),
+                    until,
+                })
+            }
             Ok(false) => {
                 tracing::info!(gid, "lease lost; stopping");
+                self.observer.lease_lost(gid);
                 None
             }
             Err(e) => {

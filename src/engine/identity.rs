@@ -42,10 +42,15 @@ pub fn node_prefix(node: &str) -> String {
     format!("{}:", node_tag(node))
 }
 
+/// The prefix every token of this one process starts with.
+pub fn instance_prefix(node: &str, instance: &str) -> String {
+    format!("{}{instance}:", node_prefix(node))
+}
+
 /// A token for one claim by this process.
 pub fn new_token(node: &str, instance: &str) -> String {
     let random = uuid::Uuid::new_v4().simple().to_string();
-    format!("{}{instance}:{}", node_prefix(node), &random[..24])
+    format!("{}{}", instance_prefix(node, instance), &random[..24])
 }
 
 #[cfg(test)]

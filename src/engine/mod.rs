@@ -16,6 +16,7 @@
 mod clock;
 mod drive;
 mod identity;
+mod observe;
 mod reads;
 mod recovery;
 mod requests;
@@ -35,12 +36,14 @@ use crate::core::{
     TraceContext, Transaction, Transition, TxOptions,
 };
 use crate::store::{
-    AttemptRecord, Created, Guard, Lease, Registered, Save, Saved, Store, StoreError, StoredTx,
+    AttemptRecord, Claimed, Created, Guard, Lease, Registered, Save, Saved, Store, StoreError,
+    StoredTx,
 };
-use crate::transport::{CallRequest, CallResult, Transport};
+use crate::transport::{CallRequest, Transport};
 
 pub use clock::{Clock, SyncedClock, SystemClock};
 use drive::is_decision;
+pub use observe::{Creation, EventLog, NoObserver, Observer, Observers, OperatorAction, Point};
 use waiting::Recent;
 
 /// Engine settings; the server's defaults for transaction options are among them.
@@ -84,74 +87,6 @@ impl Default for EngineConfig {
             prepared_timeout_ms: 60_000,
             max_concurrent_calls: 1_024,
             drive: true,
-        }
-    }
-}
-
-/// Named points in the driver, reported to the [`Observer`]. Fault plans crash the
-/// process at them to test recovery from exactly there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Point {
-    /// A commit or abort decision is about to be stored.
-    BeforeDecisionStored,
-    /// The decision is stored; no branch has been called yet.
-    AfterDecisionStored,
-    /// A round of calls came back but is not stored yet.
-    AfterCallsBeforeRecord,
-    /// A round's answers are stored.
-    AfterRoundStored,
-}
-
-impl Point {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Point::BeforeDecisionStored => "before_decision_stored",
-            Point::AfterDecisionStored => "after_decision_stored",
-            Point::AfterCallsBeforeRecord => "after_calls_before_record",
-            Point::AfterRoundStored => "after_round_stored",
-        }
-    }
-}
-
-/// Watches the engine: every call and its result, every stored status change, every named
-/// point. Recording and fault injection hang off this; the default does nothing.
-pub trait Observer: Send + Sync + 'static {
-    fn call(&self, _request: &CallRequest, _result: &CallResult, _started_at: Millis) {}
-    fn status(&self, _gid: &str, _from: Status, _to: Status, _at: Millis) {}
-    fn point(&self, _point: Point, _gid: &str) {}
-    /// This process tried to write progress but another coordinator owns the
-    /// transaction now: the write was refused and the driver stops.
-    fn fenced(&self, _gid: &str) {}
-}
-
-/// The observer that watches nothing.
-pub struct NoObserver;
-
-impl Observer for NoObserver {}
-
-/// Several observers as one.
-pub struct Observers(pub Vec<Arc<dyn Observer>>);
-
-impl Observer for Observers {
-    fn call(&self, request: &CallRequest, result: &CallResult, started_at: Millis) {
-        for o in &self.0 {
-            o.call(request, result, started_at);
-        }
-    }
-    fn status(&self, gid: &str, from: Status, to: Status, at: Millis) {
-        for o in &self.0 {
-            o.status(gid, from, to, at);
-        }
-    }
-    fn point(&self, point: Point, gid: &str) {
-        for o in &self.0 {
-            o.point(point, gid);
-        }
-    }
-    fn fenced(&self, gid: &str) {
-        for o in &self.0 {
-            o.fenced(gid);
         }
     }
 }
@@ -228,6 +163,8 @@ pub struct Engine {
     stopping: CancellationToken,
     /// Every driver task, so that shutdown can wait for them.
     tasks: TaskTracker,
+    /// When the recovery loop's last pass began (see [`Engine::recovery_lag`]).
+    recovery_pass: Mutex<Option<std::time::Instant>>,
 }
 
 /// A driver task of this process.
@@ -260,6 +197,7 @@ impl Engine {
             waiters: Mutex::new(HashMap::new()),
             stopping: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            recovery_pass: Mutex::new(None),
         })
     }
 

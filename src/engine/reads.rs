@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::{Engine, EngineError};
-use crate::store::{AttemptRecord, ListFilter, Page, StoreError, StoredTx};
+use crate::store::{AttemptRecord, ListFilter, Page, StatusSummary, StoreError, StoredTx};
 
 impl Engine {
     /// The transaction as stored, or `None`: for a door that answers an unknown gid with
@@ -24,6 +24,12 @@ impl Engine {
     /// `limit` is taken as given: the doors check it (`api::validate::check_list_limit`).
     pub async fn list(&self, filter: &ListFilter) -> Result<Page, EngineError> {
         Ok(self.store.list(filter).await?)
+    }
+
+    /// The non-terminal transactions per status, and the oldest's creation time (the
+    /// metrics' sampler).
+    pub async fn active_summary(&self) -> Result<Vec<StatusSummary>, StoreError> {
+        self.store.active_summary().await
     }
 
     /// Whether the database answers within `timeout` (readiness).

@@ -19,7 +19,19 @@ impl Engine {
             .claim_due(&lease, now, self.config.claim_batch)
             .await?;
         let n = claimed.len();
-        for stored in claimed {
+        let ours = identity::instance_prefix(&self.config.node, &self.instance);
+        for Claimed {
+            stored,
+            previous_owner,
+        } in claimed
+        {
+            // A token of this process's own is a row it handed back itself (a long
+            // backoff); anyone else's is a takeover.
+            let takeover = previous_owner
+                .as_deref()
+                .is_some_and(|t| !t.starts_with(&ours));
+            self.observer
+                .claimed(&stored.tx, previous_owner.as_deref(), takeover);
             match core::apply(&stored.tx, &Event::Wake, self.ctx()) {
                 Ok(t) => Arc::clone(self).start(stored, lease.clone(), t),
                 Err(e) => tracing::error!(gid = stored.tx.gid, error = %e, "cannot resume"),
@@ -31,6 +43,7 @@ impl Engine {
     /// Runs the recovery loop until [`Engine::shutdown`].
     pub async fn run_recovery(self: Arc<Self>) {
         loop {
+            *self.recovery_pass.lock().expect("poisoned") = Some(std::time::Instant::now());
             match self.recover_once().await {
                 // A full batch: there may be more due right now.
                 Ok(n) if n as u32 >= self.config.claim_batch => continue,
@@ -44,6 +57,15 @@ impl Engine {
                 _ = self.stopping.cancelled() => return,
             }
         }
+    }
+
+    /// How late the recovery loop is: the time since its last pass began, beyond its
+    /// interval and jitter. Zero while it keeps time; it grows while a pass hangs or the
+    /// runtime is starved. `None` before the first pass (or without a loop).
+    pub fn recovery_lag(&self) -> Option<Duration> {
+        let started = (*self.recovery_pass.lock().expect("poisoned"))?;
+        let due = self.config.recovery_interval.mul_f64(1.1);
+        Some(started.elapsed().saturating_sub(due))
     }
 
     /// The first step of a graceful stop: no more claims, no new rounds of calls (a driver

@@ -59,8 +59,10 @@ impl Engine {
         lease: Option<&Lease>,
     ) -> Result<CreateOutcome, EngineError> {
         let hash = request_hash(request);
+        let kind = tx.kind;
         match self.store.create(&tx, &hash, lease).await? {
             Created::Inserted => {
+                self.observer.create(kind, Creation::Created);
                 let stored = StoredTx {
                     tx,
                     request_hash: hash,
@@ -74,11 +76,17 @@ impl Engine {
                     created: true,
                 })
             }
-            Created::Exists(existing) if existing.request_hash == hash => Ok(CreateOutcome {
-                stored: *existing,
-                created: false,
-            }),
-            Created::Exists(existing) => Err(EngineError::GidConflict(existing.tx.gid)),
+            Created::Exists(existing) if existing.request_hash == hash => {
+                self.observer.create(kind, Creation::Repeat);
+                Ok(CreateOutcome {
+                    stored: *existing,
+                    created: false,
+                })
+            }
+            Created::Exists(existing) => {
+                self.observer.create(kind, Creation::Conflict);
+                Err(EngineError::GidConflict(existing.tx.gid))
+            }
         }
     }
 
@@ -139,7 +147,11 @@ impl Engine {
 
     /// Resumes a stalled transaction, or makes a backing-off one due now.
     pub async fn retry(self: &Arc<Self>, gid: &str) -> Result<StoredTx, EngineError> {
-        self.update(gid, &Event::Retry, true).await.map(|(s, _)| s)
+        let (stored, changed) = self.update(gid, &Event::Retry, true).await?;
+        if changed {
+            self.observer.operator(OperatorAction::Retry, &stored.tx);
+        }
+        Ok(stored)
     }
 
     /// Fails the transaction at once; nothing more is called.
@@ -151,7 +163,11 @@ impl Engine {
         let event = Event::ForceStop {
             reason: reason.to_owned(),
         };
-        let (stored, _) = self.update(gid, &event, true).await?;
+        let (stored, changed) = self.update(gid, &event, true).await?;
+        if changed {
+            self.observer
+                .operator(OperatorAction::ForceStop, &stored.tx);
+        }
         self.notify(gid);
         Ok(stored)
     }
@@ -256,6 +272,7 @@ impl Engine {
         if before.status != after.status {
             self.observer
                 .status(&after.gid, before.status, after.status, after.updated_at);
+            self.observer.changed(before, after);
         }
     }
 }

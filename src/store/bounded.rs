@@ -11,6 +11,8 @@
 //!
 //! A call that fails for a reason other than its data also marks the store's
 //! [`Suspicion`], so that the connections idle since are checked before their next use.
+//! Every failed call is counted by kind (`idem_store_errors_total`); SQLite goes through
+//! here for that alone, uncut ([`Bounded::uncut`]): it has no network to be cut from.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use super::*;
 
 pub struct Bounded {
     inner: Arc<dyn Store>,
-    call_timeout: Duration,
+    call_timeout: Option<Duration>,
     suspicion: Suspicion,
 }
 
@@ -29,20 +31,39 @@ impl Bounded {
     pub fn new(inner: Arc<dyn Store>, call_timeout: Duration, suspicion: Suspicion) -> Bounded {
         Bounded {
             inner,
-            call_timeout,
+            call_timeout: Some(call_timeout),
             suspicion,
         }
     }
 
-    async fn within<T>(&self, limit: Duration, call: impl Future<Output = Result<T>>) -> Result<T> {
-        let result = match tokio::time::timeout(limit, call).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::TimedOut(limit)),
+    /// Counts the errors of `inner` without cutting its calls.
+    pub fn uncut(inner: Arc<dyn Store>) -> Bounded {
+        Bounded {
+            inner,
+            call_timeout: None,
+            suspicion: Suspicion::default(),
+        }
+    }
+
+    async fn within<T>(
+        &self,
+        limit: Option<Duration>,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let result = match limit {
+            Some(limit) => match tokio::time::timeout(limit, call).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::TimedOut(limit)),
+            },
+            None => call.await,
         };
-        if let Err(e) = &result
-            && !e.is_permanent()
-        {
-            self.suspicion.mark();
+        if let Err(e) = &result {
+            if let Some(kind) = e.kind() {
+                crate::metrics::store_error(kind);
+            }
+            if !e.is_permanent() {
+                self.suspicion.mark();
+            }
         }
         result
     }
@@ -59,8 +80,8 @@ impl Store for Bounded {
     }
 
     async fn ping(&self, timeout: Duration) -> Result<()> {
-        self.within(timeout.min(self.call_timeout), self.inner.ping(timeout))
-            .await
+        let limit = self.call_timeout.map(|c| c.min(timeout));
+        self.within(limit, self.inner.ping(timeout)).await
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -89,7 +110,7 @@ impl Store for Bounded {
         self.call(self.inner.save(save)).await
     }
 
-    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<StoredTx>> {
+    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<Claimed>> {
         self.call(self.inner.claim_due(lease, now, limit)).await
     }
 
@@ -111,6 +132,10 @@ impl Store for Bounded {
 
     async fn count(&self, statuses: &[Status]) -> Result<u64> {
         self.call(self.inner.count(statuses)).await
+    }
+
+    async fn active_summary(&self) -> Result<Vec<StatusSummary>> {
+        self.call(self.inner.active_summary()).await
     }
 
     async fn db_now(&self) -> Result<Millis> {

@@ -63,6 +63,32 @@ impl StoreError {
         }
     }
 
+    /// The label of `idem_store_errors_total`: a few fixed kinds, so that an operator tells
+    /// an outage (`timeout`, `connection`, `pool_timeout`) from contention (`transient`) and
+    /// from writes the database refuses (`refused`). `None`: a refused request (too many
+    /// branches), not a failure of the database.
+    pub fn kind(&self) -> Option<&'static str> {
+        Some(match self {
+            StoreError::TimedOut(_) => "timeout",
+            StoreError::Database(e) => match e {
+                sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => "timeout",
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed => "connection",
+                sqlx::Error::PoolTimedOut => "pool_timeout",
+                sqlx::Error::Database(_) if is_permanent(e) => "refused",
+                sqlx::Error::Database(_) => "transient",
+                _ => "other",
+            },
+            StoreError::Corrupt(_) => "corrupt",
+            StoreError::Batch(_) => "writer_stopped",
+            StoreError::Migrate(_) | StoreError::UnsupportedUrl(_) => "other",
+            StoreError::TooManyBranches { .. } => return None,
+        })
+    }
+
     /// Whether waiting can cure this error at start-up: the server may be starting, or
     /// unreachable for now. A wrong password, an unknown database or a bad URL stay wrong.
     pub fn retryable_at_start(&self) -> bool {

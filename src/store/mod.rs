@@ -129,6 +129,23 @@ pub enum Saved {
 /// clients, as the history of a transaction's view).
 pub use idem_types::AttemptRecord;
 
+/// A row [`Store::claim_due`] took over, with the owner token it had before: another
+/// process's token means a takeover (its lease ran out, or it handed the row back).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claimed {
+    pub stored: StoredTx,
+    pub previous_owner: Option<String>,
+}
+
+/// Non-terminal transactions of one status, as [`Store::active_summary`] counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatusSummary {
+    pub status: Status,
+    pub count: u64,
+    /// The `created_at` of the oldest of them.
+    pub oldest_created_at: Millis,
+}
+
 /// Filters for [`Store::list`]. Results come newest first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListFilter {
@@ -197,7 +214,7 @@ pub trait Store: Send + Sync + 'static {
     /// Claims up to `limit` unfinished transactions that are due and whose lease expired
     /// (or that have no owner), and returns them. Several coordinators can call this at
     /// once: each row goes to one of them.
-    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<StoredTx>>;
+    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<Claimed>>;
 
     /// Extends a lease; false if the token no longer owns the row.
     async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool>;
@@ -215,6 +232,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many transactions are in any of these statuses.
     async fn count(&self, statuses: &[Status]) -> Result<u64>;
+
+    /// Per non-terminal status (stalled included) that has any: how many, and the oldest's
+    /// creation time. One grouped read of the status index, for the metrics' sampler.
+    async fn active_summary(&self) -> Result<Vec<StatusSummary>>;
 
     /// The database's clock, in milliseconds since the epoch: the one time every
     /// coordinator sharing the database agrees on (see `engine::SyncedClock`).
@@ -288,7 +309,7 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Stor
             // SQLite has one writer at a time: concurrent transactions share commits.
             let store = Arc::new(sqlite::connect(url, options).await?.max_branches(max));
             store.start_group_commit();
-            Ok(store)
+            Ok(Arc::new(bounded::Bounded::uncut(store)))
         }
         Some(Backend::Postgres) => {
             let suspicion = pools::Suspicion::default();

@@ -10,7 +10,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
 use sqlx::{Executor, MySql, Pool};
 
 use super::pools::{self, Suspicion};
-use super::sql::{ACTIVE_STATUSES, SqlStore, StoreDatabase};
+use super::sql::{ACTIVE_STATUSES, ClaimedRow, SqlStore, StoreDatabase, take_over};
 use super::{ConnectOptions, Lease, Result};
 use crate::core::Millis;
 
@@ -37,42 +37,31 @@ impl StoreDatabase for MySql {
         lease: &'a Lease,
         now: Millis,
         limit: u32,
-    ) -> BoxFuture<'a, sqlx::Result<Vec<String>>> {
+    ) -> BoxFuture<'a, sqlx::Result<Vec<ClaimedRow>>> {
         async move {
             // MariaDB cannot UPDATE ... WHERE gid IN (subquery with LIMIT) on the same
             // table, so lock the due rows first (they exist, and READ COMMITTED takes no
             // gap locks), then take them over, in one transaction.
             let select = format!(
-                "SELECT gid FROM idem_global \
+                "SELECT gid, owner_token FROM idem_global \
                  WHERE status IN {ACTIVE_STATUSES} AND next_attempt_at <= ? \
                    AND (lease_until IS NULL OR lease_until < ?) \
                  ORDER BY next_attempt_at LIMIT ? FOR UPDATE SKIP LOCKED"
             );
             let mut db = store.pool.begin().await?;
-            let gids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(select))
+            let rows: Vec<ClaimedRow> = sqlx::query_as(sqlx::AssertSqlSafe(select))
                 .bind(now)
                 .bind(now)
                 .bind(i64::from(limit))
                 .fetch_all(&mut *db)
                 .await?;
-            if gids.is_empty() {
+            if rows.is_empty() {
                 db.commit().await?;
-                return Ok(gids);
+                return Ok(rows);
             }
-            let update = format!(
-                "UPDATE idem_global SET owner_token = ?, lease_until = ?, version = version + 1 \
-                 WHERE gid IN ({})",
-                vec!["?"; gids.len()].join(", ")
-            );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(update))
-                .bind(&lease.token)
-                .bind(lease.until);
-            for gid in &gids {
-                query = query.bind(gid);
-            }
-            query.execute(&mut *db).await?;
+            take_over::<MySql>(lease, &rows).execute(&mut *db).await?;
             db.commit().await?;
-            Ok(gids)
+            Ok(rows)
         }
         .boxed()
     }

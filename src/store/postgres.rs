@@ -13,8 +13,8 @@ use super::sql::binds::{
     bind_attempt, bind_branch_insert, bind_branch_set, bind_global_insert, bind_global_update,
 };
 use super::sql::{
-    ACTIVE_STATUSES, BRANCH_COLUMNS, BRANCH_SET, BranchGroup, GLOBAL_COLUMNS, GLOBAL_SET, SqlStore,
-    StoreDatabase,
+    ACTIVE_STATUSES, BRANCH_COLUMNS, BRANCH_SET, BranchGroup, ClaimedRow, GLOBAL_COLUMNS,
+    GLOBAL_SET, SqlStore, StoreDatabase,
 };
 use super::{ConnectOptions, Guard, Lease, Result, Save, Saved};
 use crate::core::Millis;
@@ -61,19 +61,21 @@ impl StoreDatabase for Postgres {
         lease: &'a Lease,
         now: Millis,
         limit: u32,
-    ) -> BoxFuture<'a, sqlx::Result<Vec<String>>> {
+    ) -> BoxFuture<'a, sqlx::Result<Vec<ClaimedRow>>> {
         async move {
             // SKIP LOCKED: coordinators scanning at the same time take different rows
-            // instead of queueing behind each other's locks.
+            // instead of queueing behind each other's locks. RETURNING shows the new row,
+            // so the old owner comes from the locked subquery.
             let sql = format!(
-                "UPDATE idem_global SET owner_token = $1, lease_until = $2, version = version + 1 \
-                 WHERE gid IN (SELECT gid FROM idem_global \
+                "UPDATE idem_global g SET owner_token = $1, lease_until = $2, version = g.version + 1 \
+                 FROM (SELECT gid, owner_token FROM idem_global \
                    WHERE status IN {ACTIVE_STATUSES} AND next_attempt_at <= $3 \
                      AND (lease_until IS NULL OR lease_until < $3) \
-                   ORDER BY next_attempt_at LIMIT $4 FOR UPDATE SKIP LOCKED) \
-                 RETURNING gid"
+                   ORDER BY next_attempt_at LIMIT $4 FOR UPDATE SKIP LOCKED) old \
+                 WHERE g.gid = old.gid \
+                 RETURNING g.gid, old.owner_token"
             );
-            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
+            sqlx::query_as::<_, ClaimedRow>(sqlx::AssertSqlSafe(sql))
                 .bind(&lease.token)
                 .bind(lease.until)
                 .bind(now)

@@ -13,7 +13,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Pool, Sqlite};
 
-use super::sql::{ACTIVE_STATUSES, SqlStore, StoreDatabase};
+use super::sql::{ACTIVE_STATUSES, ClaimedRow, SqlStore, StoreDatabase, take_over};
 use super::{ConnectOptions, Lease, Result};
 use crate::core::Millis;
 
@@ -42,27 +42,28 @@ impl StoreDatabase for Sqlite {
         lease: &'a Lease,
         now: Millis,
         limit: u32,
-    ) -> BoxFuture<'a, sqlx::Result<Vec<String>>> {
+    ) -> BoxFuture<'a, sqlx::Result<Vec<ClaimedRow>>> {
         async move {
-            let sql = format!(
-                "UPDATE idem_global SET owner_token = ?, lease_until = ?, version = version + 1 \
-                 WHERE gid IN (SELECT gid FROM idem_global \
-                   WHERE status IN {ACTIVE_STATUSES} AND next_attempt_at <= ? \
-                     AND (lease_until IS NULL OR lease_until < ?) \
-                   ORDER BY next_attempt_at LIMIT ?) \
-                 RETURNING gid"
+            // RETURNING shows only the new row, so the old owners are read first, in the
+            // same write transaction (BEGIN IMMEDIATE: nobody writes in between).
+            let select = format!(
+                "SELECT gid, owner_token FROM idem_global \
+                 WHERE status IN {ACTIVE_STATUSES} AND next_attempt_at <= ? \
+                   AND (lease_until IS NULL OR lease_until < ?) \
+                 ORDER BY next_attempt_at LIMIT ?"
             );
             let mut db = Self::BACKEND.begin(&store.pool).await?;
-            let gids = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
-                .bind(&lease.token)
-                .bind(lease.until)
+            let rows: Vec<ClaimedRow> = sqlx::query_as(sqlx::AssertSqlSafe(select))
                 .bind(now)
                 .bind(now)
                 .bind(i64::from(limit))
                 .fetch_all(&mut *db)
                 .await?;
+            if !rows.is_empty() {
+                take_over::<Sqlite>(lease, &rows).execute(&mut *db).await?;
+            }
             db.commit().await?;
-            Ok(gids)
+            Ok(rows)
         }
         .boxed()
     }

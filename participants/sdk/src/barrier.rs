@@ -89,6 +89,7 @@ mod types;
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -96,6 +97,7 @@ use sqlx::Transaction;
 
 use crate::backend::BarrierDatabase;
 use crate::error::ParticipantError;
+use crate::metrics;
 use idem_sql::Backend;
 use rows::{
     Existing, Prerequisite, Read, fetch_row, insert_if_absent, interpret_existing,
@@ -230,7 +232,20 @@ impl Barrier {
     /// Committing can fail after the database has committed (a dropped connection). The
     /// caller then sees an error and the coordinator retries; the retry finds the row and
     /// returns the stored result, so even that case stays exactly-once.
-    pub async fn run<S, T, F, Fut>(
+    pub async fn run<S, T, F, Fut>(&self, pool: &S, step: F) -> Result<Outcome<T>, ParticipantError>
+    where
+        S: StepConnections,
+        T: Serialize + DeserializeOwned,
+        F: FnMut(StepTx<'static, S::Database>) -> Fut,
+        Fut: Future<Output = Result<T, ParticipantError>>,
+    {
+        let started = Instant::now();
+        let result = self.run_retrying(pool, step).await;
+        metrics::step(self.op, &result, started);
+        result
+    }
+
+    async fn run_retrying<S, T, F, Fut>(
         &self,
         pool: &S,
         mut step: F,
@@ -252,6 +267,7 @@ impl Barrier {
                         gid = %self.gid, branch_id = %self.branch_id, op = %self.op, attempt,
                         error = %e, "barrier transaction lost a lock conflict; retrying"
                     );
+                    metrics::conflict_retry(self.op);
                     tokio::time::sleep(self.retry.delay(attempt, jitter_unit())).await;
                     attempt += 1;
                 }
@@ -331,16 +347,18 @@ impl Barrier {
         F: FnMut(StepTx<'t, DB>) -> Fut,
         Fut: Future<Output = Result<T, ParticipantError>>,
     {
+        let started = Instant::now();
         let conn: &'t mut DB::Connection = tx;
         let dialect = DB::conn_dialect(conn);
         let slot: Shared<'t, DB> = Arc::new(tokio::sync::Mutex::new(Slot::Borrowed(conn)));
         let barrier = Arc::new(self.clone());
-        let result = Barrier::guarded(&barrier, &slot, dialect, &mut step).await;
+        let mut result = Barrier::guarded(&barrier, &slot, dialect, &mut step).await;
         if Arc::strong_count(&slot) != 1 {
-            return Err(ParticipantError::internal(
+            result = Err(ParticipantError::internal(
                 "the step's StepTx outlived its closure; roll the transaction back",
             ));
         }
+        metrics::step(self.op, &result, started);
         result
     }
 

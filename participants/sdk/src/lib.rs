@@ -48,6 +48,7 @@ pub mod barrier;
 pub mod error;
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod metrics;
 pub mod retention;
 pub mod schema;
 

@@ -78,14 +78,17 @@ pub trait StoreDatabase: Database + Sized {
         None
     }
 
-    /// Claims due rows for `lease` and returns their gids.
+    /// Claims due rows for `lease` and returns their gids with the owner token each had.
     fn claim<'a>(
         store: &'a SqlStore<Self>,
         lease: &'a Lease,
         now: Millis,
         limit: u32,
-    ) -> BoxFuture<'a, sqlx::Result<Vec<String>>>;
+    ) -> BoxFuture<'a, sqlx::Result<Vec<ClaimedRow>>>;
 }
+
+/// A claimed row's gid and the owner token it had before the claim.
+pub type ClaimedRow = (String, Option<String>);
 
 /// The store for one database.
 pub struct SqlStore<DB: StoreDatabase> {
@@ -123,6 +126,30 @@ impl<DB: StoreDatabase> SqlStore<DB> {
 
 fn q<DB: Database>(sql: &Arc<str>) -> sqlx::query::Query<'static, DB, DB::Arguments> {
     sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+}
+
+/// The second half of a claim that read (and on MySQL locked) its rows first: the same
+/// rows taken over for `lease`. `rows` is not empty.
+pub(in crate::store) fn take_over<'q, DB: Database>(
+    lease: &'q Lease,
+    rows: &'q [ClaimedRow],
+) -> sqlx::query::Query<'q, DB, DB::Arguments>
+where
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let update = format!(
+        "UPDATE idem_global SET owner_token = ?, lease_until = ?, version = version + 1 \
+         WHERE gid IN ({})",
+        vec!["?"; rows.len()].join(", ")
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(update))
+        .bind(lease.token.as_str())
+        .bind(lease.until);
+    for (gid, _) in rows {
+        query = query.bind(gid.as_str());
+    }
+    query
 }
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {

@@ -14,6 +14,9 @@ pub(in crate::store) const ATTEMPT_COLUMNS: &str =
     "branch_id, action, attempt, started_at, duration_ms, outcome, detail";
 pub(in crate::store) const ACTIVE_STATUSES: &str =
     "('prepared', 'running', 'committing', 'aborting')";
+/// The active ones and `stalled`: every status but the terminal two.
+pub(in crate::store) const NON_TERMINAL_STATUSES: &str =
+    "('prepared', 'running', 'committing', 'aborting', 'stalled')";
 
 /// The statements, rewritten for one database once.
 pub struct Statements {

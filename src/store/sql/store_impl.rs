@@ -4,13 +4,15 @@ use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
 
 use super::group_commit;
 use super::rows::{AttemptRow, BranchRow, GlobalRow};
-use super::statements::{ACTIVE_STATUSES, GLOBAL_COLUMNS};
+use std::collections::HashMap;
+
+use super::statements::{ACTIVE_STATUSES, GLOBAL_COLUMNS, NON_TERMINAL_STATUSES};
 use super::writes::branch_groups;
 use super::{SqlStore, StoreDatabase, q, saved_if};
 use crate::core::{self, Branch, Millis, Status, Transaction};
 use crate::store::{
-    AttemptRecord, Created, Lease, ListFilter, Page, Purged, Registered, Result, Save, Saved,
-    Store, StoreError, StoredTx,
+    AttemptRecord, Claimed, Created, Lease, ListFilter, Page, Purged, Registered, Result, Save,
+    Saved, StatusSummary, Store, StoreError, StoredTx,
 };
 
 // The bounds below say "the generic code can run these statements and decode these rows
@@ -165,11 +167,22 @@ where
         }
     }
 
-    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<StoredTx>> {
-        let gids = DB::claim(self, lease, now, limit).await?;
+    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<Claimed>> {
+        let mut previous: HashMap<String, Option<String>> = DB::claim(self, lease, now, limit)
+            .await?
+            .into_iter()
+            .collect();
+        let gids: Vec<String> = previous.keys().cloned().collect();
         // A claimed row can only change under our token now, so reading it after the claim
         // is consistent.
-        self.load_many(&gids).await
+        let loaded = self.load_many(&gids).await?;
+        Ok(loaded
+            .into_iter()
+            .map(|stored| Claimed {
+                previous_owner: previous.remove(&stored.tx.gid).flatten(),
+                stored,
+            })
+            .collect())
     }
 
     async fn release_node(&self, token_prefix: &str) -> Result<u64> {
@@ -198,6 +211,28 @@ where
             query = query.bind("");
         }
         Ok(query.fetch_one(&self.pool).await? as u64)
+    }
+
+    async fn active_summary(&self) -> Result<Vec<StatusSummary>> {
+        let sql = self.sql.dynamic(&format!(
+            "SELECT status, count(*), min(created_at) FROM idem_global \
+             WHERE status IN {NON_TERMINAL_STATUSES} GROUP BY status"
+        ));
+        let rows = sqlx::query_as::<DB, (String, i64, i64)>(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|(status, count, oldest)| {
+                let status = status
+                    .parse::<Status>()
+                    .map_err(|_| StoreError::Corrupt(format!("unknown status {status:?}")))?;
+                Ok(StatusSummary {
+                    status,
+                    count: count as u64,
+                    oldest_created_at: oldest,
+                })
+            })
+            .collect()
     }
 
     async fn db_now(&self) -> Result<Millis> {

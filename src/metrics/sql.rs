@@ -1,88 +1,10 @@
-//! Prometheus metrics (`GET /metrics`) and the SQL statement counter used by the benchmark.
-//!
-//! Labels are low-cardinality on purpose: kinds, statuses, ops and outcomes, never gids.
+//! The SQL statement counter the benchmark reads: statements and commits per transaction,
+//! counted from sqlx's own log events rather than estimated.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, Layer};
-
-use crate::core::{Millis, Status};
-use crate::engine::Observer;
-use crate::transport::{CallRequest, CallResult};
-
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-
-/// How often histogram samples are folded into their buckets.
-const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Installs the process-wide recorder once and returns the handle that renders it.
-pub fn install() -> &'static PrometheusHandle {
-    HANDLE.get_or_init(|| {
-        let handle = PrometheusBuilder::new()
-            .install_recorder()
-            .unwrap_or_else(|_| {
-                // Another recorder is installed (an embedding application's): render an
-                // empty one rather than fail.
-                PrometheusBuilder::new().build_recorder().handle()
-            });
-        // The recorder keeps every histogram sample until upkeep folds them in; only a
-        // scrape does that otherwise, so an unscraped coordinator grew by each call's
-        // sample (about 30 bytes a saga in the soak run) for as long as it ran.
-        let kept = handle.clone();
-        std::thread::Builder::new()
-            .name("idem-metrics-upkeep".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(UPKEEP_EVERY);
-                    kept.run_upkeep();
-                }
-            })
-            .expect("a thread for metrics upkeep");
-        handle
-    })
-}
-
-/// The Prometheus text exposition of every metric, SQL counts included.
-pub fn render() -> String {
-    let mut text = install().render();
-    let counts = SQL.snapshot();
-    if counts != SqlCounts::default() || SQL_COUNTING.load(Ordering::Relaxed) {
-        text.push_str(&format!(
-            "# TYPE idem_sql_statements_total counter\nidem_sql_statements_total{{kind=\"read\"}} {}\nidem_sql_statements_total{{kind=\"write\"}} {}\n# TYPE idem_sql_commits_total counter\nidem_sql_commits_total {}\n# TYPE idem_sql_begins_total counter\nidem_sql_begins_total {}\n",
-            counts.reads, counts.writes, counts.commits, counts.begins
-        ));
-    }
-    text
-}
-
-/// Counts engine events into metrics.
-pub struct MetricsObserver;
-
-impl Observer for MetricsObserver {
-    fn call(&self, request: &CallRequest, result: &CallResult, _started_at: Millis) {
-        metrics::counter!(
-            "idem_branch_calls_total",
-            "op" => request.action.op(),
-            "outcome" => result.outcome.label()
-        )
-        .increment(1);
-        metrics::histogram!("idem_branch_call_seconds", "op" => request.action.op())
-            .record(result.duration.as_secs_f64());
-    }
-
-    fn status(&self, _gid: &str, _from: Status, to: Status, _at: Millis) {
-        metrics::counter!("idem_transactions_total", "status" => to.as_str()).increment(1);
-    }
-
-    fn fenced(&self, _gid: &str) {
-        metrics::counter!("idem_stale_writes_refused_total").increment(1);
-    }
-}
-
-// ---- counting SQL --------------------------------------------------------------------
 
 /// SQL statements executed by this process, as sqlx reports them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -123,6 +45,27 @@ static SQL: Counters = Counters {
     rollbacks: AtomicU64::new(0),
 };
 static SQL_COUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The counts in Prometheus' text format, for `/metrics` (only once counting was on).
+pub(super) fn render_counts() -> Option<String> {
+    let c = SQL.snapshot();
+    if c == SqlCounts::default() && !SQL_COUNTING.load(Ordering::Relaxed) {
+        return None;
+    }
+    Some(format!(
+        "# HELP idem_sql_statements_total SQL statements this process executed (counted only while IDEM_COUNT_SQL=1), by kind.\n\
+         # TYPE idem_sql_statements_total counter\n\
+         idem_sql_statements_total{{kind=\"read\"}} {}\n\
+         idem_sql_statements_total{{kind=\"write\"}} {}\n\
+         # HELP idem_sql_commits_total COMMIT statements this process executed (counted only while IDEM_COUNT_SQL=1).\n\
+         # TYPE idem_sql_commits_total counter\n\
+         idem_sql_commits_total {}\n\
+         # HELP idem_sql_begins_total BEGIN statements this process executed (counted only while IDEM_COUNT_SQL=1).\n\
+         # TYPE idem_sql_begins_total counter\n\
+         idem_sql_begins_total {}\n",
+        c.reads, c.writes, c.commits, c.begins
+    ))
+}
 
 /// What this process has executed so far (zero unless counting is on).
 pub fn sql_counts() -> SqlCounts {
