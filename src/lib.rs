@@ -10,6 +10,7 @@ pub mod engine;
 pub mod http_server;
 pub mod metrics;
 pub mod server;
+pub mod signing;
 pub mod store;
 pub mod telemetry;
 pub mod timestamp;

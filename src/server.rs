@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub http: HttpLimits,
     /// How much of a participant's answer is read (see `transport`).
     pub max_answer_bytes: usize,
+    /// The key that signs every branch call; `None`: calls go unsigned.
+    pub signing_key: Option<idem_signing::Key>,
 }
 
 impl ServerConfig {
@@ -54,6 +56,7 @@ impl ServerConfig {
             clock_sync_interval: Duration::from_secs(30),
             http: HttpLimits::default(),
             max_answer_bytes: crate::transport::DEFAULT_MAX_ANSWER_BYTES,
+            signing_key: None,
         }
     }
 }
@@ -101,8 +104,7 @@ pub async fn open_store(
 pub async fn start(
     config: ServerConfig,
 ) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
-    let transport: Arc<dyn Transport> =
-        Arc::new(HttpTransport::with_answer_limit(config.max_answer_bytes)?);
+    let transport: Arc<dyn Transport> = Arc::new(HttpTransport::for_server(&config)?);
     start_with(config, transport, Vec::new()).await
 }
 

@@ -9,6 +9,10 @@
 //! (or the configured bound) are read, so one huge answer cannot make the coordinator
 //! buffer it, and redirects are never followed, so a call goes only to the URL the client
 //! registered (a 3xx is an unknown outcome naming its `Location`).
+//!
+//! With a signing key (`--signing-secret-file`, `--signing-secret`), every call carries an
+//! `Idem-Signature` header over its method, path and query, time and body (see
+//! [`idem_signing`]); without one, calls go unsigned.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -52,6 +56,7 @@ pub trait Transport: Send + Sync + 'static {
 pub struct HttpTransport {
     client: reqwest::Client,
     max_answer: usize,
+    signing_key: Option<idem_signing::Key>,
 }
 
 /// Bytes of a response body kept in an error message.
@@ -82,7 +87,27 @@ impl HttpTransport {
         Ok(HttpTransport {
             client,
             max_answer: max_answer.max(1),
+            signing_key: None,
         })
+    }
+
+    /// The transport a server configuration describes: its answer bound and signing key.
+    pub fn for_server(config: &crate::server::ServerConfig) -> Result<HttpTransport, reqwest::Error> {
+        let mut transport = HttpTransport::with_answer_limit(config.max_answer_bytes)?;
+        transport.signing_key = config.signing_key.clone();
+        Ok(transport)
+    }
+
+    /// The `Idem-Signature` of a call to `url` with `body`, signed now; `None` unsigned.
+    fn signature(&self, method: &str, url: &reqwest::Url, body: &[u8]) -> Option<String> {
+        let key = self.signing_key.as_ref()?;
+        // The request target as reqwest writes it on the request line.
+        let target = match url.query() {
+            Some(query) => format!("{}?{query}", url.path()),
+            None => url.path().to_owned(),
+        };
+        let now = idem_signing::unix_seconds(std::time::SystemTime::now());
+        Some(idem_signing::sign(key, now, method, &target, body))
     }
 
     fn url(request: &CallRequest) -> Result<reqwest::Url, String> {
@@ -112,7 +137,14 @@ impl Transport for HttpTransport {
             }
         };
         // DTM asks its msg back-check with GET and no body; everything else is a POST.
-        let builder = if request.action == Action::QueryPrepared {
+        let get = request.action == Action::QueryPrepared;
+        let (method, body) = if get {
+            ("GET", "")
+        } else {
+            ("POST", request.payload.as_str())
+        };
+        let signature = self.signature(method, &url, body.as_bytes());
+        let builder = if get {
             self.client.get(url)
         } else {
             self.client
@@ -122,7 +154,13 @@ impl Transport for HttpTransport {
         };
         let mut builder = builder.timeout(request.timeout);
         for (name, value) in &request.headers {
-            builder = builder.header(name, value);
+            // idem's own signature, never one a client set in branch_headers.
+            if !name.eq_ignore_ascii_case(idem_signing::HEADER) {
+                builder = builder.header(name, value);
+            }
+        }
+        if let Some(signature) = signature {
+            builder = builder.header(idem_signing::HEADER, signature);
         }
         let response = builder.send().await;
         let (outcome, status) = match response {

@@ -43,7 +43,7 @@ pub(super) async fn serve(args: LabServeArgs) -> Result<(), BoxError> {
             observers.push(Arc::clone(t) as Arc<dyn Observer>);
         }
         let mut transport: Arc<dyn Transport> =
-            Arc::new(HttpTransport::with_answer_limit(config.max_answer_bytes)?);
+            Arc::new(HttpTransport::for_server(&config)?);
         if let Some(plan) = &plan {
             observers.push(Arc::new(CrashOnPlan::new(
                 Arc::clone(plan),
