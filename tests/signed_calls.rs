@@ -14,9 +14,9 @@ use axum::http::Uri;
 use axum::routing::post;
 use common::typed::{self, created, wait_status};
 use idem::server::RunningServer;
-use idem_client::{Action, Client, Status};
+use idem_client::{Action, Client, Options, Status};
 use idem_demo::coupon;
-use idem_participant::signature::{Keys, SignedBy, Verifier, require_signature};
+use idem_participant::signature::{Keys, SignedBy, Verifier, require_signature, sign};
 use idem_participant::testing::{self, TestDatabase};
 use serde_json::json;
 
@@ -152,6 +152,29 @@ async fn the_right_key_gets_through_another_key_or_none_is_refused() {
         let tx = saga(&idem, &holder, "unsigned").await;
         assert_eq!(tx.status, Status::Stalled, "{b}: {tx:#?}");
         assert!(action_error(&tx).contains("signature_missing"), "{b}: {tx:#?}");
+        // Nor does it pass on one a client put in branch_headers, even a valid one: only
+        // idem's own signature is sent.
+        let gid = "forged";
+        let target = format!("/s1/action?gid={gid}&trans_type=saga&branch_id=01&op=action");
+        let now = idem_participant::signature::unix_seconds(std::time::SystemTime::now());
+        let key = Keys::parse(OLD).unwrap();
+        let forged = sign(key.signing_key(), now, "POST", &target, br#"{"step":1}"#);
+        let options = Options {
+            branch_headers: [("Idem-Signature".to_owned(), forged)].into(),
+            ..Options::default()
+        };
+        idem.saga(gid)
+            .step(
+                format!("{}/s1/action", holder.base),
+                format!("{}/s1/compensate", holder.base),
+                json!({"step": 1}),
+            )
+            .options(options)
+            .send()
+            .await
+            .unwrap();
+        let tx = wait_status(&idem, gid, &[Status::Stalled], WAIT).await;
+        assert!(action_error(&tx).contains("signature_missing"), "{b}: {tx:#?}");
         assert_eq!(holder.reached().len(), 1, "{b}: only the signed saga got through");
         unsigned.stop().await.unwrap();
     })
@@ -237,4 +260,36 @@ async fn the_demo_coupon_service_runs_a_signed_saga() {
         shop.drop_database().await;
     })
     .await;
+}
+
+#[test]
+fn idem_config_hides_the_keys_and_serve_refuses_bad_ones_without_showing_them() {
+    let secret = "k1:do-not-print-this-secret";
+    let out = common::idem_run(&["config"], &[("IDEM_SIGNING_SECRET", secret)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("do-not-print"), "{text}");
+    assert!(text.contains("signing_secret = \"***\""), "{text}");
+
+    let dir = std::env::temp_dir().join(format!("idem-signed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let database = format!("sqlite://{}?mode=rwc", dir.join("idem.db").display());
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve", "--database-url", &database, "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let out = common::idem_run(&args, &[]);
+        assert!(!out.status.success(), "{extra:?} must not start");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let missing = serve(&["--signing-secret-file", "/nonexistent/idem-keys"]);
+    assert!(missing.contains("/nonexistent/idem-keys"), "{missing}");
+    let short = serve(&["--signing-secret", "k1:tooshort"]);
+    assert!(short.contains("shorter than 16 bytes"), "{short}");
+    assert!(!short.contains("tooshort"), "{short}");
+    let keys = dir.join("keys");
+    std::fs::write(&keys, "k1:a-long-enough-secret-1\nk1:a-long-enough-secret-2\n").unwrap();
+    let twice = serve(&["--signing-secret-file", keys.to_str().unwrap()]);
+    assert!(twice.contains("listed twice"), "{twice}");
+    assert!(!twice.contains("long-enough"), "{twice}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
