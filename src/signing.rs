@@ -31,9 +31,12 @@ mod tests {
     #[test]
     fn the_first_key_signs_and_none_means_unsigned() {
         assert_eq!(signing_key(None, None), Ok(None));
-        let key = signing_key(None, Some("new:0123456789abcdef-new,old:0123456789abcdef-old"))
-            .unwrap()
-            .unwrap();
+        let key = signing_key(
+            None,
+            Some("new:0123456789abcdef-new,old:0123456789abcdef-old"),
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(key.kid(), "new");
         assert!(signing_key(None, Some("k1:short")).is_err());
         let both = signing_key(Some(Path::new("/nonexistent")), Some("k:0123456789abcdef"));

@@ -92,7 +92,9 @@ impl HttpTransport {
     }
 
     /// The transport a server configuration describes: its answer bound and signing key.
-    pub fn for_server(config: &crate::server::ServerConfig) -> Result<HttpTransport, reqwest::Error> {
+    pub fn for_server(
+        config: &crate::server::ServerConfig,
+    ) -> Result<HttpTransport, reqwest::Error> {
         let mut transport = HttpTransport::with_answer_limit(config.max_answer_bytes)?;
         transport.signing_key = config.signing_key.clone();
         Ok(transport)

@@ -40,13 +40,15 @@ impl Participant {
         let app = axum::Router::new()
             .route(
                 "/{step}/{op}",
-                post(move |uri: Uri, Extension(SignedBy(kid)): Extension<SignedBy>| {
-                    let log = Arc::clone(&log);
-                    async move {
-                        log.lock().unwrap().push((uri.path().to_owned(), kid));
-                        axum::Json(json!({"dtm_result": "SUCCESS"}))
-                    }
-                }),
+                post(
+                    move |uri: Uri, Extension(SignedBy(kid)): Extension<SignedBy>| {
+                        let log = Arc::clone(&log);
+                        async move {
+                            log.lock().unwrap().push((uri.path().to_owned(), kid));
+                            axum::Json(json!({"dtm_result": "SUCCESS"}))
+                        }
+                    },
+                ),
             )
             .layer(axum::middleware::from_fn_with_state(
                 Verifier::new(Keys::parse(keys).unwrap()),
@@ -130,7 +132,11 @@ async fn the_right_key_gets_through_another_key_or_none_is_refused() {
         let stranger = Participant::start("old:a-different-secret-000").await;
         let tx = saga(&idem, &stranger, "signed-wrong-secret").await;
         assert_eq!(tx.status, Status::Stalled, "{b}: {tx:#?}");
-        assert!(stranger.reached().is_empty(), "{b}: {:?}", stranger.reached());
+        assert!(
+            stranger.reached().is_empty(),
+            "{b}: {:?}",
+            stranger.reached()
+        );
         let error = action_error(&tx);
         assert!(
             error.contains("HTTP 401") && error.contains("signature_mismatch"),
@@ -151,7 +157,10 @@ async fn the_right_key_gets_through_another_key_or_none_is_refused() {
         let idem = typed::client(&unsigned.url());
         let tx = saga(&idem, &holder, "unsigned").await;
         assert_eq!(tx.status, Status::Stalled, "{b}: {tx:#?}");
-        assert!(action_error(&tx).contains("signature_missing"), "{b}: {tx:#?}");
+        assert!(
+            action_error(&tx).contains("signature_missing"),
+            "{b}: {tx:#?}"
+        );
         // Nor does it pass on one a client put in branch_headers, even a valid one: only
         // idem's own signature is sent.
         let gid = "forged";
@@ -174,8 +183,15 @@ async fn the_right_key_gets_through_another_key_or_none_is_refused() {
             .await
             .unwrap();
         let tx = wait_status(&idem, gid, &[Status::Stalled], WAIT).await;
-        assert!(action_error(&tx).contains("signature_missing"), "{b}: {tx:#?}");
-        assert_eq!(holder.reached().len(), 1, "{b}: only the signed saga got through");
+        assert!(
+            action_error(&tx).contains("signature_missing"),
+            "{b}: {tx:#?}"
+        );
+        assert_eq!(
+            holder.reached().len(),
+            1,
+            "{b}: only the signed saga got through"
+        );
         unsigned.stop().await.unwrap();
     })
     .await;
@@ -250,10 +266,16 @@ async fn the_demo_coupon_service_runs_a_signed_saga() {
             .await
             .unwrap();
         let tx = wait_status(&idem, "demo-unsigned", &[Status::Stalled], WAIT).await;
-        assert!(action_error(&tx).contains("signature_missing"), "{b}: {tx:#?}");
+        assert!(
+            action_error(&tx).contains("signature_missing"),
+            "{b}: {tx:#?}"
+        );
         let campaign = coupon::campaign(&pool, "WELCOME10").await.unwrap().unwrap();
         assert_eq!(campaign.remaining, 4, "{b}");
-        assert!(coupon::coupons_of(&pool, "alice").await.unwrap().len() == 1, "{b}");
+        assert!(
+            coupon::coupons_of(&pool, "alice").await.unwrap().len() == 1,
+            "{b}"
+        );
         unsigned.stop().await.unwrap();
         service.stop().await.unwrap();
         pool.close().await;
@@ -275,7 +297,13 @@ fn idem_config_hides_the_keys_and_serve_refuses_bad_ones_without_showing_them() 
     std::fs::create_dir_all(&dir).unwrap();
     let database = format!("sqlite://{}?mode=rwc", dir.join("idem.db").display());
     let serve = |extra: &[&str]| {
-        let mut args = vec!["serve", "--database-url", &database, "--listen", "127.0.0.1:0"];
+        let mut args = vec![
+            "serve",
+            "--database-url",
+            &database,
+            "--listen",
+            "127.0.0.1:0",
+        ];
         args.extend_from_slice(extra);
         let out = common::idem_run(&args, &[]);
         assert!(!out.status.success(), "{extra:?} must not start");
@@ -287,7 +315,11 @@ fn idem_config_hides_the_keys_and_serve_refuses_bad_ones_without_showing_them() 
     assert!(short.contains("shorter than 16 bytes"), "{short}");
     assert!(!short.contains("tooshort"), "{short}");
     let keys = dir.join("keys");
-    std::fs::write(&keys, "k1:a-long-enough-secret-1\nk1:a-long-enough-secret-2\n").unwrap();
+    std::fs::write(
+        &keys,
+        "k1:a-long-enough-secret-1\nk1:a-long-enough-secret-2\n",
+    )
+    .unwrap();
     let twice = serve(&["--signing-secret-file", keys.to_str().unwrap()]);
     assert!(twice.contains("listed twice"), "{twice}");
     assert!(!twice.contains("long-enough"), "{twice}");

@@ -137,7 +137,12 @@ pub struct ServeArgs {
     pub signing_secret_file: Option<PathBuf>,
     /// The signing keys themselves, `kid:secret[,kid:secret…]` (the first signs), instead
     /// of `--signing-secret-file`.
-    #[arg(long, env = "IDEM_SIGNING_SECRET", value_name = "KID:SECRET", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "IDEM_SIGNING_SECRET",
+        value_name = "KID:SECRET",
+        hide_env_values = true
+    )]
     pub signing_secret: Option<String>,
 }
 

@@ -111,7 +111,9 @@ pub enum SignatureError {
     Mismatch,
     /// The timestamp is further than the window from this side's clock (a replay, or a
     /// clock off by that much).
-    #[error("signed at {timestamp}, {skew_seconds} s away from now; the window is {window_seconds} s")]
+    #[error(
+        "signed at {timestamp}, {skew_seconds} s away from now; the window is {window_seconds} s"
+    )]
     OutsideWindow {
         /// The header's `t`.
         timestamp: u64,
@@ -172,11 +174,7 @@ fn parse(header: &str) -> Result<Parsed<'_>, SignatureError> {
         return Err(SignatureError::Malformed("v1 is not 64 hex digits"));
     }
     let v1 = hex::decode(v1).map_err(|_| SignatureError::Malformed("v1 is not 64 hex digits"))?;
-    Ok(Parsed {
-        timestamp,
-        kid,
-        v1,
-    })
+    Ok(Parsed { timestamp, kid, v1 })
 }
 
 /// Checks a call's signature: `header` is its `Idem-Signature` value (`None` when absent),

@@ -16,7 +16,16 @@ fn at(seconds: u64) -> std::time::SystemTime {
 }
 
 fn check(header: &str, keys: &Keys) -> Result<String, SignatureError> {
-    verify(Some(header), "POST", PATH, BODY, at(T), keys, DEFAULT_WINDOW).map(str::to_owned)
+    verify(
+        Some(header),
+        "POST",
+        PATH,
+        BODY,
+        at(T),
+        keys,
+        DEFAULT_WINDOW,
+    )
+    .map(str::to_owned)
 }
 
 #[test]
@@ -28,9 +37,10 @@ fn the_canonical_string_is_six_lines() {
          67fb69ba57882fd7e97c99b5ae6f1081738f13ddd0b9f7e243edc6a6e06b0e19"
     );
     // An empty body (DTM's GET back-check) hashes nothing.
-    assert!(canonical(T, "k1", "GET", "/q", b"").ends_with(
-        "\ne3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-    ));
+    assert!(
+        canonical(T, "k1", "GET", "/q", b"")
+            .ends_with("\ne3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+    );
 }
 
 #[test]
@@ -94,7 +104,10 @@ fn a_changed_body_path_method_or_timestamp_is_refused() {
         verify_with("POST", &tampered_path, BODY),
         Err(SignatureError::Mismatch)
     );
-    assert_eq!(verify_with("GET", PATH, BODY), Err(SignatureError::Mismatch));
+    assert_eq!(
+        verify_with("GET", PATH, BODY),
+        Err(SignatureError::Mismatch)
+    );
     let moved = header.replace("t=1764600000", "t=1764600001");
     assert_eq!(check(&moved, &k), Err(SignatureError::Mismatch));
 }

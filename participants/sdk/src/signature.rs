@@ -181,7 +181,8 @@ mod axum_layer {
             }
         };
         parts.extensions.insert(SignedBy(kid));
-        next.run(Request::from_parts(parts, Body::from(bytes))).await
+        next.run(Request::from_parts(parts, Body::from(bytes)))
+            .await
     }
 }
 

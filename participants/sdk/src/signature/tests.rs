@@ -13,9 +13,11 @@ async fn serve(keys: &str) -> String {
     // path as called.
     let inner = Router::new().route(
         "/reserve",
-        post(|Extension(SignedBy(kid)): Extension<SignedBy>, body: String| async move {
-            format!("{kid}:{body}")
-        }),
+        post(
+            |Extension(SignedBy(kid)): Extension<SignedBy>, body: String| async move {
+                format!("{kid}:{body}")
+            },
+        ),
     );
     let app = Router::new()
         .nest("/inventory", inner)
@@ -74,12 +76,42 @@ async fn bad_signatures_are_refused_with_401_and_their_codes() {
     let cases = [
         (target, "{}", None, "signature_missing"),
         (target, "{}", Some("t=1".to_owned()), "signature_malformed"),
-        (target, "{}", Some(signed("k2:another-secret-0000", target, "{}", now)), "signature_unknown_key"),
-        (target, "{}", Some(signed("k1:another-secret-0000", target, "{}", now)), "signature_mismatch"),
-        (target, "{\"n\":2}", Some(good.clone()), "signature_mismatch"),
-        ("/inventory/reserve?gid=g2&op=try", "{}", Some(good), "signature_mismatch"),
-        (target, "{}", Some(signed(&format!("k1:{SECRET}"), target, "{}", now - 600)), "signature_expired"),
-        (target, "{}", Some(signed(&format!("k1:{SECRET}"), target, "{}", now + 600)), "signature_expired"),
+        (
+            target,
+            "{}",
+            Some(signed("k2:another-secret-0000", target, "{}", now)),
+            "signature_unknown_key",
+        ),
+        (
+            target,
+            "{}",
+            Some(signed("k1:another-secret-0000", target, "{}", now)),
+            "signature_mismatch",
+        ),
+        (
+            target,
+            "{\"n\":2}",
+            Some(good.clone()),
+            "signature_mismatch",
+        ),
+        (
+            "/inventory/reserve?gid=g2&op=try",
+            "{}",
+            Some(good),
+            "signature_mismatch",
+        ),
+        (
+            target,
+            "{}",
+            Some(signed(&format!("k1:{SECRET}"), target, "{}", now - 600)),
+            "signature_expired",
+        ),
+        (
+            target,
+            "{}",
+            Some(signed(&format!("k1:{SECRET}"), target, "{}", now + 600)),
+            "signature_expired",
+        ),
     ];
     for (path, body, header, expected) in cases {
         let (status, answer) = call(&base, path, body, header.clone()).await;
