@@ -133,7 +133,12 @@ pub struct ServeArgs {
     /// "Signed calls") with the first key of this file: `kid:secret` lines, newest first;
     /// participants verify with every key listed. Neither this nor `--signing-secret`:
     /// calls go unsigned.
-    #[arg(long, env = "IDEM_SIGNING_SECRET_FILE", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "IDEM_SIGNING_SECRET_FILE",
+        value_name = "PATH",
+        hide_env_values = true
+    )]
     pub signing_secret_file: Option<PathBuf>,
     /// The signing keys themselves, `kid:secret[,kid:secret…]` (the first signs), instead
     /// of `--signing-secret-file`.
