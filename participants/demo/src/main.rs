@@ -158,5 +158,12 @@ mod tests {
             panic!()
         };
         assert_eq!(a.seed, vec![("apple".to_owned(), 3)]);
+        assert_eq!(a.signing_secret_file, None);
+        let cli =
+            Cli::try_parse_from(["idem-demo", "coupon", "--signing-secret-file", "keys"]).unwrap();
+        let Service::Coupon(a) = cli.service else {
+            panic!()
+        };
+        assert_eq!(a.signing_secret_file.as_deref(), Some("keys".as_ref()));
     }
 }
