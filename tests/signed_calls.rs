@@ -284,6 +284,35 @@ async fn the_demo_coupon_service_runs_a_signed_saga() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_idem_serve_signs_with_the_first_key_of_its_file_or_env() {
+    each_backend("signed_idem_serve", async |db| {
+        let b = db.backend.name();
+        let dir =
+            std::env::temp_dir().join(format!("idem-signed-serve-{}-{b}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("keys");
+        std::fs::write(&file, format!("# newest first\n{NEW}\n{OLD}\n")).unwrap();
+        let participant = Participant::start(NEW).await;
+        let child = common::Child::serve(
+            &db.url,
+            "",
+            &["--signing-secret-file", file.to_str().unwrap()],
+        );
+        let tx = saga(&typed::client(&child.url), &participant, "serve-file").await;
+        assert_eq!(tx.status, Status::Succeeded, "{b}: {tx:#?}");
+        child.kill();
+        let child = common::Child::serve_env(&db.url, "", &[], &[("IDEM_SIGNING_SECRET", NEW)]);
+        let tx = saga(&typed::client(&child.url), &participant, "serve-env").await;
+        assert_eq!(tx.status, Status::Succeeded, "{b}: {tx:#?}");
+        child.kill();
+        let kids: Vec<String> = participant.reached().into_iter().map(|(_, k)| k).collect();
+        assert_eq!(kids, ["new", "new"], "{b}");
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await;
+}
+
 #[test]
 fn idem_config_hides_the_keys_and_serve_refuses_bad_ones_without_showing_them() {
     let secret = "k1:do-not-print-this-secret";
