@@ -362,6 +362,32 @@ mod tests {
     }
 
     #[test]
+    fn a_signature_covers_the_path_and_query_as_sent() {
+        let keys = idem_signing::Keys::parse("k1:0123456789abcdef-transport").unwrap();
+        let mut transport = HttpTransport::new().unwrap();
+        assert_eq!(
+            transport.signature("POST", &"http://h/".parse().unwrap(), b""),
+            None
+        );
+        transport.signing_key = Some(keys.signing_key().clone());
+        let url = reqwest::Url::parse("http://h:1/a%20b?x=1&gid=g+1#frag").unwrap();
+        let header = transport.signature("POST", &url, b"{}").unwrap();
+        let now = std::time::SystemTime::now();
+        let window = idem_signing::DEFAULT_WINDOW;
+        let check = |target: &str| {
+            idem_signing::verify(Some(&header), "POST", target, b"{}", now, &keys, window)
+        };
+        // The fragment is never sent, the percent-encoding is.
+        assert_eq!(check("/a%20b?x=1&gid=g+1"), Ok("k1"));
+        assert!(check("/a b?x=1&gid=g+1").is_err());
+        let bare = transport
+            .signature("GET", &"http://h:1".parse().unwrap(), b"")
+            .unwrap();
+        let verified = idem_signing::verify(Some(&bare), "GET", "/", b"", now, &keys, window);
+        assert_eq!(verified, Ok("k1"));
+    }
+
+    #[test]
     fn a_redirect_is_unknown_and_names_its_target() {
         let location = reqwest::header::HeaderValue::from_static("http://elsewhere/x");
         let CallOutcome::Unknown(detail) = redirected(307, Some(&location)) else {
