@@ -11,6 +11,7 @@ pub mod http_server;
 pub mod metrics;
 pub mod retention;
 pub mod server;
+pub mod signing;
 pub mod store;
 pub mod telemetry;
 pub mod timestamp;

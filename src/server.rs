@@ -42,6 +42,8 @@ pub struct ServerConfig {
     pub retention: crate::retention::RetentionConfig,
     /// How often the database-derived gauges of `/metrics` are sampled.
     pub metrics_sample_interval: Duration,
+    /// The key that signs every branch call; `None`: calls go unsigned.
+    pub signing_key: Option<idem_signing::Key>,
 }
 
 impl ServerConfig {
@@ -60,6 +62,7 @@ impl ServerConfig {
             max_answer_bytes: crate::transport::DEFAULT_MAX_ANSWER_BYTES,
             retention: crate::retention::RetentionConfig::default(),
             metrics_sample_interval: crate::metrics::sampler::DEFAULT_INTERVAL,
+            signing_key: None,
         }
     }
 }
@@ -109,8 +112,7 @@ pub async fn open_store(
 pub async fn start(
     config: ServerConfig,
 ) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
-    let transport: Arc<dyn Transport> =
-        Arc::new(HttpTransport::with_answer_limit(config.max_answer_bytes)?);
+    let transport: Arc<dyn Transport> = Arc::new(HttpTransport::for_server(&config)?);
     start_with(config, transport, Vec::new()).await
 }
 

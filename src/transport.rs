@@ -9,6 +9,10 @@
 //! (or the configured bound) are read, so one huge answer cannot make the coordinator
 //! buffer it, and redirects are never followed, so a call goes only to the URL the client
 //! registered (a 3xx is an unknown outcome naming its `Location`).
+//!
+//! With a signing key (`--signing-secret-file`, `--signing-secret`), every call carries an
+//! `Idem-Signature` header over its method, path and query, time and body (see
+//! [`idem_signing`]); without one, calls go unsigned.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -52,6 +56,7 @@ pub trait Transport: Send + Sync + 'static {
 pub struct HttpTransport {
     client: reqwest::Client,
     max_answer: usize,
+    signing_key: Option<idem_signing::Key>,
 }
 
 /// Bytes of a response body kept in an error message.
@@ -82,7 +87,29 @@ impl HttpTransport {
         Ok(HttpTransport {
             client,
             max_answer: max_answer.max(1),
+            signing_key: None,
         })
+    }
+
+    /// The transport a server configuration describes: its answer bound and signing key.
+    pub fn for_server(
+        config: &crate::server::ServerConfig,
+    ) -> Result<HttpTransport, reqwest::Error> {
+        let mut transport = HttpTransport::with_answer_limit(config.max_answer_bytes)?;
+        transport.signing_key = config.signing_key.clone();
+        Ok(transport)
+    }
+
+    /// The `Idem-Signature` of a call to `url` with `body`, signed now; `None` unsigned.
+    fn signature(&self, method: &str, url: &reqwest::Url, body: &[u8]) -> Option<String> {
+        let key = self.signing_key.as_ref()?;
+        // The request target as reqwest writes it on the request line.
+        let target = match url.query() {
+            Some(query) => format!("{}?{query}", url.path()),
+            None => url.path().to_owned(),
+        };
+        let now = idem_signing::unix_seconds(std::time::SystemTime::now());
+        Some(idem_signing::sign(key, now, method, &target, body))
     }
 
     fn url(request: &CallRequest) -> Result<reqwest::Url, String> {
@@ -112,7 +139,14 @@ impl Transport for HttpTransport {
             }
         };
         // DTM asks its msg back-check with GET and no body; everything else is a POST.
-        let builder = if request.action == Action::QueryPrepared {
+        let get = request.action == Action::QueryPrepared;
+        let (method, body) = if get {
+            ("GET", "")
+        } else {
+            ("POST", request.payload.as_str())
+        };
+        let signature = self.signature(method, &url, body.as_bytes());
+        let builder = if get {
             self.client.get(url)
         } else {
             self.client
@@ -122,7 +156,13 @@ impl Transport for HttpTransport {
         };
         let mut builder = builder.timeout(request.timeout);
         for (name, value) in &request.headers {
-            builder = builder.header(name, value);
+            // idem's own signature, never one a client set in branch_headers.
+            if !name.eq_ignore_ascii_case(idem_signing::HEADER) {
+                builder = builder.header(name, value);
+            }
+        }
+        if let Some(signature) = signature {
+            builder = builder.header(idem_signing::HEADER, signature);
         }
         let response = builder.send().await;
         let (outcome, status) = match response {
@@ -319,6 +359,32 @@ mod tests {
             HttpTransport::url(&request).unwrap().as_str(),
             "http://h:1/p?x=1&gid=g+1&trans_type=tcc&branch_id=01&op=confirm"
         );
+    }
+
+    #[test]
+    fn a_signature_covers_the_path_and_query_as_sent() {
+        let keys = idem_signing::Keys::parse("k1:0123456789abcdef-transport").unwrap();
+        let mut transport = HttpTransport::new().unwrap();
+        assert_eq!(
+            transport.signature("POST", &"http://h/".parse().unwrap(), b""),
+            None
+        );
+        transport.signing_key = Some(keys.signing_key().clone());
+        let url = reqwest::Url::parse("http://h:1/a%20b?x=1&gid=g+1#frag").unwrap();
+        let header = transport.signature("POST", &url, b"{}").unwrap();
+        let now = std::time::SystemTime::now();
+        let window = idem_signing::DEFAULT_WINDOW;
+        let check = |target: &str| {
+            idem_signing::verify(Some(&header), "POST", target, b"{}", now, &keys, window)
+        };
+        // The fragment is never sent, the percent-encoding is.
+        assert_eq!(check("/a%20b?x=1&gid=g+1"), Ok("k1"));
+        assert!(check("/a b?x=1&gid=g+1").is_err());
+        let bare = transport
+            .signature("GET", &"http://h:1".parse().unwrap(), b"")
+            .unwrap();
+        let verified = idem_signing::verify(Some(&bare), "GET", "/", b"", now, &keys, window);
+        assert_eq!(verified, Ok("k1"));
     }
 
     #[test]

@@ -111,6 +111,30 @@ fn the_shared_sql_crate_depends_on_neither_side() {
     }
 }
 
+/// The signing scheme both sides share is one small crate of its own: no runtime, no
+/// HTTP, no database, so a participant in any framework can use it.
+#[test]
+fn the_shared_signing_crate_needs_only_its_hashes() {
+    let tree = normal_tree("idem-signing");
+    let names = names(&tree);
+    assert!(names.contains(&"hmac"), "{names:?}");
+    for forbidden in [
+        "idem",
+        "idem-participant",
+        "idem-sql",
+        "idem-types",
+        "tokio",
+        "axum",
+        "sqlx",
+        "reqwest",
+    ] {
+        assert!(
+            !names.contains(&forbidden),
+            "idem-signing depends on {forbidden}"
+        );
+    }
+}
+
 /// What clients and the core share is plain data.
 #[test]
 fn the_shared_types_need_nothing_but_serde() {

@@ -143,6 +143,26 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_RETENTION_BATCH", default_value_t = crate::retention::DEFAULT_RETENTION_BATCH,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub retention_batch: u32,
+    /// Sign every branch call (an `Idem-Signature` header, HMAC-SHA256; see the README's
+    /// "Signed calls") with the first key of this file: `kid:secret` lines, newest first;
+    /// participants verify with every key listed. Neither this nor `--signing-secret`:
+    /// calls go unsigned.
+    #[arg(
+        long,
+        env = "IDEM_SIGNING_SECRET_FILE",
+        value_name = "PATH",
+        hide_env_values = true
+    )]
+    pub signing_secret_file: Option<PathBuf>,
+    /// The signing keys themselves, `kid:secret[,kid:secret…]` (the first signs), instead
+    /// of `--signing-secret-file`.
+    #[arg(
+        long,
+        env = "IDEM_SIGNING_SECRET",
+        value_name = "KID:SECRET",
+        hide_env_values = true
+    )]
+    pub signing_secret: Option<String>,
 }
 
 /// Runs `idem serve`: the coordinator the flags describe, until SIGTERM or Ctrl-C.
@@ -158,7 +178,7 @@ where
     F: FnOnce(ServerConfig) -> Fut,
     Fut: Future<Output = Result<RunningServer, BoxError>>,
 {
-    let config = server_config(&args);
+    let config = server_config(&args)?;
     let running = start(config).await?;
     println!(
         "idem listening on {} ({})",
@@ -171,8 +191,9 @@ where
     Ok(())
 }
 
-/// The server configuration the flags describe.
-pub fn server_config(args: &ServeArgs) -> ServerConfig {
+/// The server configuration the flags describe; fails on an unreadable or invalid
+/// signing key.
+pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
     let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
     config.engine.node_is_unique = args.node.is_some();
     config.engine.node = args
@@ -206,7 +227,11 @@ pub fn server_config(args: &ServeArgs) -> ServerConfig {
         args.retention_interval_ms,
         args.retention_batch,
     );
-    config
+    config.signing_key = crate::signing::signing_key(
+        args.signing_secret_file.as_deref(),
+        args.signing_secret.as_deref(),
+    )?;
+    Ok(config)
 }
 
 async fn shutdown_signal() {

@@ -31,8 +31,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// `idem serve`, plus a fault plan injected into participant calls and crash points,
-    /// and a timeline of the run.
-    Serve(LabServeArgs),
+    /// and a timeline of the run. Boxed: `idem serve`'s options outweigh the other
+    /// commands' many times over.
+    Serve(Box<LabServeArgs>),
     /// Run a failure scenario file (or re-run a recorded run and compare) against the
     /// example participants on embedded SQLite, and print its timeline.
     Replay(ReplayArgs),
@@ -47,7 +48,7 @@ pub enum Command {
 
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
     match cli.command {
-        Command::Serve(args) => serve::serve(args).await,
+        Command::Serve(args) => serve::serve(*args).await,
         Command::Replay(args) => replay::replay(args).await,
         Command::Chaos(args) => chaos::chaos(args).await,
         Command::Bench(args) => bench::bench(args).await,

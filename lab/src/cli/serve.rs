@@ -42,8 +42,7 @@ pub(super) async fn serve(args: LabServeArgs) -> Result<(), BoxError> {
         if let Some(t) = &timeline {
             observers.push(Arc::clone(t) as Arc<dyn Observer>);
         }
-        let mut transport: Arc<dyn Transport> =
-            Arc::new(HttpTransport::with_answer_limit(config.max_answer_bytes)?);
+        let mut transport: Arc<dyn Transport> = Arc::new(HttpTransport::for_server(&config)?);
         if let Some(plan) = &plan {
             observers.push(Arc::new(CrashOnPlan::new(
                 Arc::clone(plan),

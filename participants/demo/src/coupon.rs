@@ -18,6 +18,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use idem_participant::signature::Verifier;
 use idem_participant::{BranchCall, Dialect, LeanPool, Op, ParticipantError, StepTx};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
@@ -151,9 +152,16 @@ pub async fn coupon_of_branch(
 
 /// The coupon service's routes.
 pub fn router(pool: AnyPool) -> Router {
-    Router::new()
+    router_with(pool, None)
+}
+
+/// The coupon service's routes, the branch routes behind signature checks when `verifier` is
+/// given (the query routes are for people, so they stay open).
+pub fn router_with(pool: AnyPool, verifier: Option<Verifier>) -> Router {
+    let branch = Router::new()
         .route(ISSUE_PATH, post(issue))
-        .route("/coupon/issue/{op}", post(issue_op))
+        .route("/coupon/issue/{op}", post(issue_op));
+    crate::guard(branch, verifier)
         .route("/coupon/users/{user}/coupons", get(get_coupons))
         .route("/coupon/campaigns/{code}", get(get_campaign))
         .with_state(crate::Db::new(pool))

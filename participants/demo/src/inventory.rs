@@ -22,6 +22,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use idem_participant::signature::Verifier;
 use idem_participant::{BranchCall, Dialect, LeanPool, Op, ParticipantError, StepTx};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
@@ -202,9 +203,16 @@ pub async fn reservations(pool: &AnyPool, gid: &str) -> Result<Vec<Reservation>,
 
 /// The inventory service's routes.
 pub fn router(pool: AnyPool) -> Router {
-    Router::new()
+    router_with(pool, None)
+}
+
+/// The inventory service's routes, the branch routes behind signature checks when `verifier` is
+/// given (the query routes are for people, so they stay open).
+pub fn router_with(pool: AnyPool, verifier: Option<Verifier>) -> Router {
+    let branch = Router::new()
         .route(RESERVE_PATH, post(reserve))
-        .route("/inventory/reserve/{op}", post(reserve_op))
+        .route("/inventory/reserve/{op}", post(reserve_op));
+    crate::guard(branch, verifier)
         .route("/inventory/stock", get(get_all_stock))
         .route("/inventory/stock/{sku}", get(get_stock))
         .route(

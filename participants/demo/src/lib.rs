@@ -25,6 +25,9 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! `router_with(pool, Some(verifier))` puts the branch routes behind the SDK's signature
+//! check ([`idem_participant::signature`]); `idem-demo --signing-secret-file PATH` does so.
 
 pub mod coupon;
 pub mod inventory;
@@ -38,6 +41,7 @@ use axum::extract::FromRef;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use idem_participant::LeanPool;
+use idem_participant::signature::{Verifier, require_signature};
 use idem_participant::{Dialect, ParticipantError};
 use sqlx::{Any, AnyPool};
 use tokio::sync::oneshot;
@@ -70,6 +74,18 @@ impl FromRef<Db> for AnyPool {
 impl FromRef<Db> for LeanPool<Any> {
     fn from_ref(db: &Db) -> LeanPool<Any> {
         db.steps.clone()
+    }
+}
+
+/// `branch` behind [`require_signature`] when `verifier` is given: a call without a valid
+/// signature gets 401 and never reaches a handler.
+pub(crate) fn guard(branch: Router<Db>, verifier: Option<Verifier>) -> Router<Db> {
+    match verifier {
+        Some(verifier) => branch.route_layer(axum::middleware::from_fn_with_state(
+            verifier,
+            require_signature,
+        )),
+        None => branch,
     }
 }
 

@@ -4,9 +4,11 @@
 //! idem-demo inventory --seed apple=10                       # sqlite://idem-inventory.db, 127.0.0.1:8081
 //! idem-demo payment --database-url postgres://postgres@127.0.0.1/shop?sslmode=disable --seed alice=100
 //! idem-demo coupon --listen 0.0.0.0:9000 --seed WELCOME10=50
+//! idem-demo inventory --signing-secret-file keys.txt        # only calls signed by idem
 //! ```
 
 use clap::{Args, Parser, Subcommand};
+use idem_demo::idem_participant::signature::{Keys, Verifier};
 use idem_demo::{coupon, inventory, payment};
 
 #[derive(Parser)]
@@ -41,6 +43,11 @@ struct Common {
     /// Initial data, `key=number`, repeatable.
     #[arg(long, value_parser = parse_seed)]
     seed: Vec<(String, i64)>,
+    /// Accept only branch calls signed by idem with one of these keys (`kid:secret`
+    /// lines, the same file as `idem serve --signing-secret-file`); a call without a valid
+    /// signature gets 401. Not given: calls are not checked.
+    #[arg(long, env = "IDEM_DEMO_SIGNING_SECRET_FILE", value_name = "PATH")]
+    signing_secret_file: Option<std::path::PathBuf>,
 }
 
 fn parse_seed(s: &str) -> Result<(String, i64), String> {
@@ -86,13 +93,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Service::Coupon(_) => coupon::seed(&pool, key, *n).await?,
         }
     }
+    let verifier = match &args.signing_secret_file {
+        Some(path) => Some(Verifier::new(Keys::from_file(path)?)),
+        None => None,
+    };
+    let signed = verifier.is_some();
+    let router = match &cli.service {
+        Service::Inventory(_) => inventory::router_with(pool, verifier),
+        Service::Payment(_) => payment::router_with(pool, verifier),
+        Service::Coupon(_) => coupon::router_with(pool, verifier),
+    };
     let listener = tokio::net::TcpListener::bind(&listen).await?;
-    tracing::info!(service = name, addr = %listener.local_addr()?, database = %redact(&url), "listening");
-    match &cli.service {
-        Service::Inventory(_) => inventory::serve(pool, listener).await?,
-        Service::Payment(_) => payment::serve(pool, listener).await?,
-        Service::Coupon(_) => coupon::serve(pool, listener).await?,
-    }
+    tracing::info!(service = name, addr = %listener.local_addr()?, database = %redact(&url), signed, "listening");
+    axum::serve(listener, router).await?;
     Ok(())
 }
 
@@ -145,5 +158,12 @@ mod tests {
             panic!()
         };
         assert_eq!(a.seed, vec![("apple".to_owned(), 3)]);
+        assert_eq!(a.signing_secret_file, None);
+        let cli =
+            Cli::try_parse_from(["idem-demo", "coupon", "--signing-secret-file", "keys"]).unwrap();
+        let Service::Coupon(a) = cli.service else {
+            panic!()
+        };
+        assert_eq!(a.signing_secret_file.as_deref(), Some("keys".as_ref()));
     }
 }

@@ -17,6 +17,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use idem_participant::signature::Verifier;
 use idem_participant::{BranchCall, Dialect, LeanPool, Op, ParticipantError, StepTx};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
@@ -158,9 +159,16 @@ pub async fn ledger_entry(
 
 /// The payment service's routes.
 pub fn router(pool: AnyPool) -> Router {
-    Router::new()
+    router_with(pool, None)
+}
+
+/// The payment service's routes, the branch routes behind signature checks when `verifier` is
+/// given (the query routes are for people, so they stay open).
+pub fn router_with(pool: AnyPool, verifier: Option<Verifier>) -> Router {
+    let branch = Router::new()
         .route(FREEZE_PATH, post(freeze))
-        .route("/payment/freeze/{op}", post(freeze_op))
+        .route("/payment/freeze/{op}", post(freeze_op));
+    crate::guard(branch, verifier)
         .route("/payment/accounts", get(get_balances))
         .route("/payment/accounts/{account}", get(get_balance))
         .route("/payment/ledger/{gid}/{branch_id}", get(get_entry))

@@ -37,6 +37,9 @@
 //! `sqlx::Any` (one binary, backend chosen by URL: see [`connect`]). The `axum` feature adds
 //! the callback extractor and the outcome-to-status mapping ([`http`]).
 //!
+//! A coordinator with a signing key signs every call; [`signature`] verifies it (an axum
+//! middleware, and [`signature::verify`] for other frameworks).
+//!
 //! [`Barrier::run`] opens each step's transaction on a `sqlx::Pool` or on a [`LeanPool`]
 //! (see [`StepConnections`]); the lean pool saves the round trip sqlx's pool spends on
 //! every release, one per step.
@@ -51,6 +54,7 @@ pub mod http;
 pub mod metrics;
 pub mod retention;
 pub mod schema;
+pub mod signature;
 
 /// The lean pool lives in `idem-sql`, shared with the coordinator; re-exported here so that
 /// participants need only this crate.
