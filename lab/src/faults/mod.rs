@@ -195,14 +195,17 @@ impl Observer for CrashOnPlan {
 }
 
 /// Freezes this whole process for `ms` with SIGSTOP; a detached shell sends SIGCONT.
+///
+/// The stop is raised on this thread, so it takes effect before this thread goes on: sent
+/// by a `kill` child instead, it was handled by whichever thread of the process the kernel
+/// woke, and on a loaded machine the driver ran on for a millisecond or two first, into
+/// the middle of the write the pause was meant to precede (its row locked throughout).
 fn pause_process(ms: u64) {
     let pid = std::process::id().to_string();
     let wake = format!("sleep {}; kill -CONT {pid}", ms as f64 / 1_000.0);
     let spawned = std::process::Command::new("sh").args(["-c", &wake]).spawn();
     if spawned.is_ok() {
-        let _ = std::process::Command::new("kill")
-            .args(["-STOP", &pid])
-            .status();
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
     }
 }
 

@@ -91,7 +91,12 @@ impl Launch {
         std::fs::write(&self.plan_file, serde_json::to_string_pretty(&self.plan)?)?;
         let mut child = tokio::process::Command::new(&self.bin)
             .args(self.args())
-            .env("RUST_LOG", "error")
+            // IDEM_LAB_COORDINATOR_LOG: the coordinators' log filter when a run must be
+            // read afterwards (errors only by default, to keep test output short).
+            .env(
+                "RUST_LOG",
+                std::env::var("IDEM_LAB_COORDINATOR_LOG").unwrap_or_else(|_| "error".into()),
+            )
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
