@@ -16,6 +16,7 @@ use crate::engine::Engine;
 pub mod dtm;
 pub mod error;
 pub mod native;
+pub mod openapi;
 pub mod validate;
 
 /// What every handler can reach.
