@@ -167,6 +167,9 @@ fn add_errors(spec: &mut Value) {
         let Some((_, statuses)) = ERRORS.iter().find(|(op, _)| *op == id) else {
             continue;
         };
+        if std::ptr::eq(*statuses, OPERATE) {
+            operation["requestBody"]["required"] = json!(false);
+        }
         for (status, codes) in statuses.iter().chain(DATABASE.iter()) {
             let list = codes
                 .iter()

@@ -195,7 +195,7 @@ async fn operate(
     tag = "transactions",
     description = "Stores the commit decision.",
     params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
-    request_body(content = Option<ActionRequest>, description = "Optional"),
+    request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
     responses((status = 200, description = "The transaction after the operation", body = TxView))
 )]
 pub(super) async fn submit(
@@ -213,7 +213,7 @@ pub(super) async fn submit(
     tag = "transactions",
     description = "Aborts.",
     params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
-    request_body(content = Option<ActionRequest>, description = "Optional"),
+    request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
     responses((status = 200, description = "The transaction after the operation", body = TxView))
 )]
 pub(super) async fn abort(
@@ -231,7 +231,7 @@ pub(super) async fn abort(
     tag = "transactions",
     description = "An operator's retry of a stalled transaction.",
     params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
-    request_body(content = Option<ActionRequest>, description = "Optional"),
+    request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
     responses((status = 200, description = "The transaction after the operation", body = TxView))
 )]
 pub(super) async fn retry(
@@ -249,7 +249,7 @@ pub(super) async fn retry(
     tag = "transactions",
     description = "An operator marks it failed; nothing more is called.",
     params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
-    request_body(content = Option<ActionRequest>, description = "Optional"),
+    request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
     responses((status = 200, description = "The transaction after the operation", body = TxView))
 )]
 pub(super) async fn force_stop(
