@@ -1,13 +1,17 @@
 """Schemathesis hooks for .ci/run's fuzz step.
 
-Every participant URL field of idem's spec has `format: uri`. Here each becomes a URL on
-loopback port 9 (nothing listens there), so no generated request can make idem call a
-host outside this machine; the published spec keeps accepting any http(s) URL.
+Every participant URL field of idem's spec has `format: uri`. Here each becomes a URL of
+the loopback participant (.ci/fuzz_participant.py, port IDEM_FUZZ_PARTICIPANT_PORT), so no
+generated request can make idem call a host outside this machine; the published spec keeps
+accepting any http(s) URL.
 """
+
+import os
 
 import schemathesis
 
-LOOPBACK_URL = r"^http://127\.0\.0\.1:9/[a-z]{0,8}$"
+PORT = int(os.environ["IDEM_FUZZ_PARTICIPANT_PORT"])
+LOOPBACK_URL = rf"^http://127\.0\.0\.1:{PORT}/[a-z]{{0,8}}$"
 
 
 def _confine(node):
