@@ -26,13 +26,16 @@ use super::validate::OPTIONS;
 )]
 struct Doc;
 
+/// Error statuses and the codes each can carry.
+type Statuses = &'static [(u16, &'static [&'static str])];
+
 /// The codes every operation with a body or a gid can answer.
 const BODY: [&str; 2] = ["invalid_json", "invalid_body"];
 /// A database that is down or refuses the statement (docs/api.md, *Error codes*).
 const DATABASE: [(u16, &[&str]); 2] = [(503, &["unavailable", "contention"]), (500, &["internal"])];
 
 /// Per operation id: each error status it can answer and the codes under it.
-pub const ERRORS: &[(&str, &[(u16, &[&str])])] = &[
+pub const ERRORS: &[(&str, Statuses)] = &[
     (
         "create",
         &[
@@ -97,7 +100,7 @@ pub const ERRORS: &[(&str, &[(u16, &[&str])])] = &[
     ("force_stop", OPERATE),
 ];
 
-const OPERATE: &[(u16, &[&str])] = &[
+const OPERATE: Statuses = &[
     (
         400,
         &[
@@ -177,7 +180,8 @@ fn add_errors(spec: &mut Value) {
         let Some((_, statuses)) = ERRORS.iter().find(|(op, _)| *op == id) else {
             continue;
         };
-        if std::ptr::eq(*statuses, OPERATE) {
+        // Their body is optional: an empty one is `{}`.
+        if ["submit", "abort", "retry", "force_stop"].contains(&id.as_str()) {
             operation["requestBody"]["required"] = json!(false);
         }
         for (status, codes) in statuses.iter().chain(DATABASE.iter()) {
@@ -239,6 +243,8 @@ mod tests {
         for (id, _) in ERRORS {
             assert!(ids.iter().any(|i| i == id), "{id} is not an operation");
         }
+        let abort = &spec["paths"]["/api/v1/transactions/{gid}/abort"]["post"];
+        assert_eq!(abort["requestBody"]["required"], json!(false), "{abort}");
         let max = &spec["components"]["schemas"]["OptionsRequest"]["properties"]["max_attempts"];
         assert_eq!(max["maximum"], json!(10_000), "{max}");
     }
