@@ -133,7 +133,24 @@ pub fn spec() -> Value {
     spec["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
     add_errors(&mut spec);
     add_option_ranges(&mut spec);
+    add_links(&mut spec);
     spec
+}
+
+/// A created transaction's gid leads to the operations on it (OpenAPI links), so a client
+/// generator or a stateful fuzzer can follow a create with them.
+fn add_links(spec: &mut Value) {
+    let gid = json!({"gid": "$response.body#/gid"});
+    let links: serde_json::Map<String, Value> = ERRORS
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| !matches!(*id, "create" | "list"))
+        .map(|id| (id.to_owned(), json!({"operationId": id, "parameters": gid})))
+        .collect();
+    let create = &mut spec["paths"]["/api/v1/transactions"]["post"]["responses"];
+    for status in ["200", "201"] {
+        create[status]["links"] = Value::Object(links.clone());
+    }
 }
 
 static SPEC: LazyLock<String> = LazyLock::new(|| spec().to_string());
@@ -243,6 +260,11 @@ mod tests {
         for (id, _) in ERRORS {
             assert!(ids.iter().any(|i| i == id), "{id} is not an operation");
         }
+        let created = &spec["paths"]["/api/v1/transactions"]["post"]["responses"]["201"];
+        assert_eq!(
+            created["links"]["submit"]["operationId"], "submit",
+            "{created}"
+        );
         let abort = &spec["paths"]["/api/v1/transactions/{gid}/abort"]["post"];
         assert_eq!(abort["requestBody"]["required"], json!(false), "{abort}");
         let max = &spec["components"]["schemas"]["OptionsRequest"]["properties"]["max_attempts"];
