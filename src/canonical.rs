@@ -21,6 +21,30 @@ pub fn request_hash(value: &Value) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Whether two values are the same request as the hash sees it: equal, with numbers compared
+/// by value, so `1`, `1.0` and `1e0` are one number. `x` and `serde_json::from_str(
+/// &canonical_json(&x))` always are (the fuzz target and the property test check it).
+pub fn same_up_to_numbers(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(m), Value::Number(n)) => match (m.as_i64(), n.as_i64()) {
+            (Some(m), Some(n)) => m == n,
+            _ => m
+                .as_u64()
+                .zip(n.as_u64())
+                .map_or_else(|| m.as_f64() == n.as_f64(), |(m, n)| m == n),
+        },
+        (Value::Array(m), Value::Array(n)) => {
+            m.len() == n.len() && m.iter().zip(n).all(|(m, n)| same_up_to_numbers(m, n))
+        }
+        (Value::Object(m), Value::Object(n)) => {
+            m.len() == n.len()
+                && m.iter()
+                    .all(|(k, v)| n.get(k).is_some_and(|w| same_up_to_numbers(v, w)))
+        }
+        (a, b) => a == b,
+    }
+}
+
 fn write_value(value: &Value, out: &mut String) {
     match value {
         Value::Null => out.push_str("null"),
@@ -73,6 +97,7 @@ fn write_number(n: &serde_json::Number, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     #[test]
@@ -98,6 +123,43 @@ mod tests {
         );
         assert_ne!(request_hash(&json!([1, 2])), request_hash(&json!([2, 1])));
         assert_eq!(request_hash(&json!({})).len(), 64);
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("JSON has no NaN or infinity", |f| f.is_finite())
+                .prop_map(Value::from),
+            ".{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(".{0,6}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        // The fuzz target `canonical_json` (fuzz/) checks the same on bytes.
+        #[test]
+        fn canonical_form_is_idempotent_and_parses_back(x in json()) {
+            let canon = canonical_json(&x);
+            let y: Value = serde_json::from_str(&canon).unwrap();
+            prop_assert_eq!(canonical_json(&y), canon.clone());
+            prop_assert!(same_up_to_numbers(&x, &y), "{} became {}", x, y);
+            prop_assert_eq!(request_hash(&x), request_hash(&y));
+            let spaced = serde_json::to_string_pretty(&x).unwrap();
+            let z: Value = serde_json::from_str(&spaced).unwrap();
+            prop_assert_eq!(canonical_json(&z), canon);
+        }
     }
 
     #[test]

@@ -11,6 +11,11 @@ fn root() -> PathBuf {
 /// `package|features` of every package in `package`'s normal (non-dev, non-build)
 /// dependency tree, with features resolved as a build of that package alone resolves them.
 fn normal_tree(package: &str) -> Vec<(String, String)> {
+    normal_tree_with(package, &[])
+}
+
+/// [`normal_tree`] with `features` of `package` turned on.
+fn normal_tree_with(package: &str, features: &[&str]) -> Vec<(String, String)> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(root())
@@ -23,6 +28,7 @@ fn normal_tree(package: &str) -> Vec<(String, String)> {
             "-e",
             "normal",
         ])
+        .args(features.iter().flat_map(|f| ["--features", f]))
         .args(["--prefix", "none", "-f", "{p}|{f}"])
         .output()
         .expect("cargo tree runs");
@@ -153,6 +159,44 @@ fn the_shared_types_need_nothing_but_serde() {
     ];
     for name in names(&tree) {
         assert!(allowed.contains(&name), "idem-types depends on {name}");
+    }
+}
+
+/// The `openapi` feature (the views' JSON schemas, which the coordinator turns on for its
+/// OpenAPI description) adds utoipa and what it needs, and nothing a client would not
+/// expect of a schema library.
+#[test]
+fn the_shared_types_openapi_feature_adds_only_utoipa() {
+    let tree = normal_tree_with("idem-types", &["openapi"]);
+    let names = names(&tree);
+    assert!(names.contains(&"utoipa"), "{names:?}");
+    let allowed = [
+        "idem-types",
+        "serde",
+        "serde_core",
+        "serde_derive",
+        "serde_json",
+        "thiserror",
+        "thiserror-impl",
+        "proc-macro2",
+        "quote",
+        "syn",
+        "unicode-ident",
+        "utoipa",
+        "utoipa-gen",
+        "indexmap",
+        "equivalent",
+        "hashbrown",
+        "itoa",
+        "memchr",
+        "zmij",
+        "ryu",
+    ];
+    for name in names {
+        assert!(
+            allowed.contains(&name),
+            "idem-types/openapi depends on {name}"
+        );
     }
 }
 

@@ -17,6 +17,7 @@ pub mod dtm;
 pub mod error;
 mod http_metrics;
 pub mod native;
+pub mod openapi;
 pub mod validate;
 
 /// What every handler can reach.

@@ -21,6 +21,7 @@ pub use views::{AttemptRecord, BranchView, ErrorBody, ErrorView, PageView, TxVie
 pub type Millis = i64;
 
 /// Which protocol a global transaction follows.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
@@ -33,6 +34,7 @@ pub enum Kind {
 }
 
 /// Status of a global transaction.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
@@ -95,6 +97,7 @@ impl Status {
 
 /// What a branch operation does. Together with the gid and branch id it is the unique key
 /// of a stored branch operation.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
@@ -135,6 +138,7 @@ impl Action {
 }
 
 /// Where one branch operation stands.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BranchStatus {
@@ -232,6 +236,7 @@ str_enum!(
 );
 
 /// How a participant's answer is read.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Protocol {
@@ -246,6 +251,7 @@ pub enum Protocol {
 /// Per-transaction options, resolved against the server defaults when the transaction is
 /// created and stored with it, so changing a server default never changes the rules of a
 /// transaction already under way.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxOptions {
     /// Timeout of one HTTP call to a participant.
@@ -278,6 +284,8 @@ pub struct TxOptions {
     pub concurrent: bool,
     /// Saga with `concurrent`: step index -> indexes of the steps it waits for.
     #[serde(default)]
+    // JSON object keys are strings: the index is written as one.
+    #[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, Vec<usize>>))]
     pub orders: BTreeMap<usize, Vec<usize>>,
 }
 

@@ -7,6 +7,7 @@ use crate::{Action, BranchStatus, Kind, Millis, Status, TxOptions};
 /// A global transaction as `GET /api/v1/transactions/{gid}` (and every answer that returns
 /// one) shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TxView {
     /// The global transaction's id: the client's idempotency key.
     pub gid: String,
@@ -44,6 +45,7 @@ pub struct TxView {
 
 /// One branch operation of a transaction.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BranchView {
     /// The branch (a saga step's index as two digits, a TCC branch's own id).
     pub branch_id: String,
@@ -71,6 +73,7 @@ pub struct BranchView {
 
 /// One call to a participant that did not simply succeed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AttemptRecord {
     /// The branch called.
     pub branch_id: String,
@@ -90,6 +93,7 @@ pub struct AttemptRecord {
 
 /// A page of `GET /api/v1/transactions`, newest first.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PageView {
     /// The transactions of this page.
     pub transactions: Vec<TxView>,
@@ -99,6 +103,7 @@ pub struct PageView {
 
 /// The body of every error answer: `{"error": {"code": ..., "message": ...}}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// The error.
     pub error: ErrorView,
@@ -106,6 +111,7 @@ pub struct ErrorBody {
 
 /// A stable code (see docs/api.md, *Error codes*) and a message for humans.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorView {
     /// Stable and machine-readable: `gid_conflict`, `not_found`, `unavailable`, ...
     pub code: String,

@@ -30,6 +30,7 @@ use handlers::{
     abort, all, force_stop, new_gid, ping, prepare, query, register_branch, register_xa, submit,
     version,
 };
+pub use requests::{Trans, parse_trans};
 pub use views::dtm_status;
 
 pub fn routes() -> Router<Arc<AppState>> {
@@ -81,6 +82,13 @@ fn ongoing(message: impl Into<String>) -> DtmResponse {
 /// other client mistakes must not (a body containing `FAILURE` reads as a business
 /// failure to them), and carry idem's error code instead.
 pub struct DtmError(pub(super) ApiError);
+
+impl DtmError {
+    /// The error under DTM's envelope.
+    pub fn api_error(&self) -> &ApiError {
+        &self.0
+    }
+}
 
 impl From<ApiError> for DtmError {
     fn from(e: ApiError) -> Self {

@@ -58,7 +58,8 @@ pub(super) struct Identity<'a> {
 }
 
 /// A parsed and checked request.
-pub(super) struct Trans {
+#[derive(Debug)]
+pub struct Trans {
     pub(super) gid: String,
     pub(super) kind: Kind,
     /// (action, compensate, payload) per step.
@@ -80,7 +81,16 @@ pub(super) fn parse(
     body: Result<Bytes, BytesRejection>,
     app: &AppState,
 ) -> Result<Trans, DtmError> {
-    let defaults = &app.engine.config().defaults;
+    parse_trans(body, &app.engine.config().defaults, app.max_branches)
+}
+
+/// Parses and checks a `TransGlobal` body without touching the engine: every way it can be
+/// wrong is a 4xx. Public so the fuzz targets reach it.
+pub fn parse_trans(
+    body: Result<Bytes, BytesRejection>,
+    defaults: &TxOptions,
+    max_branches: usize,
+) -> Result<Trans, DtmError> {
     let (req, _): (TransRequest, Value) = parse_body(body, None)?;
     let gid = req
         .gid
@@ -113,7 +123,7 @@ pub(super) fn parse(
     };
 
     let raw_steps = req.steps.clone().unwrap_or_default();
-    check_branch_count("steps", raw_steps.len(), app.max_branches)?;
+    check_branch_count("steps", raw_steps.len(), max_branches)?;
     let payloads = req.payloads.clone().unwrap_or_default();
     let mut steps = Vec::with_capacity(raw_steps.len());
     for (i, step) in raw_steps.iter().enumerate() {

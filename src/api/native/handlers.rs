@@ -9,166 +9,58 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use idem_types::ErrorView;
 use serde_json::Value;
 
 use super::requests::{
-    ActionRequest, BranchSpec, CreateRequest, ListQuery, RegisterRequest, identity, payload_text,
+    ActionRequest, BranchSpec, CreateRequest, ListQuery, NewTransaction, RegisterRequest,
+    check_create, payload_text,
 };
-use super::views::{PageView, TxView, page_view, tx_view};
+use super::views::{PageView, RegisterView, TryView, TxView, page_view, tx_view};
 use crate::api::AppState;
 use crate::api::error::ApiError;
 use crate::api::validate::{
-    DEFAULT_LIST_LIMIT, check_branch_count, check_id, check_payload, check_reason, check_url,
-    decode_cursor, list_limit, parse_body, registration_error,
+    DEFAULT_LIST_LIMIT, check_id, check_reason, check_url, decode_cursor, list_limit, parse_body,
+    registration_error,
 };
-use crate::core::{Action, Branch, CallOutcome, Kind, SagaStep, Status};
+use crate::core::{Action, Branch, CallOutcome, Kind, Status};
 use crate::engine::{NewPrepared, NewSaga};
 use crate::store::ListFilter;
 
+// The `#[utoipa::path]` attributes describe each route's success answers; `api::openapi`
+// adds the error answers (their codes) and the option ranges from the validation tables.
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/transactions",
+    operation_id = "create",
+    tag = "transactions",
+    request_body = CreateRequest,
+    responses(
+        (status = 201, description = "Created", body = TxView),
+        (status = 200, description = "A repeat of the same request: what is stored", body = TxView),
+    )
+)]
 pub(super) async fn create(
     State(app): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let trace = crate::trace::from_headers(&headers);
-    let (req, raw): (CreateRequest, Value) = parse_body(body, None)?;
-    let kind: Kind = req.kind.parse().map_err(|_| {
-        ApiError::bad_request(
-            "unknown_kind",
-            format!(
-                "kind must be \"tcc\", \"saga\" or \"msg\" (got {:?})",
-                req.kind
-            ),
-        )
-    })?;
-    let gid = match req.gid {
-        Some(gid) => {
-            check_id("gid", "invalid_gid", &gid)?;
-            gid
-        }
-        None => uuid::Uuid::new_v4().simple().to_string(),
-    };
-    let mut request = identity(raw);
-    if let Value::Object(map) = &mut request {
-        map.insert("gid".into(), Value::String(gid.clone()));
-    }
     let defaults = &app.engine.config().defaults;
-    let outcome = match kind {
-        Kind::Saga => {
-            if req.steps.is_empty() {
-                return Err(ApiError::bad_request(
-                    "empty_steps",
-                    "a saga needs at least one step",
-                ));
-            }
-            if !req.branches.is_empty() {
-                return Err(ApiError::bad_request(
-                    "invalid_request",
-                    "a saga takes steps, not branches",
-                ));
-            }
-            if req.query_prepared.is_some() {
-                return Err(ApiError::bad_request(
-                    "invalid_request",
-                    "query_prepared is for msg transactions",
-                ));
-            }
-            check_branch_count("steps", req.steps.len(), app.max_branches)?;
-            let mut steps = Vec::new();
-            for (i, s) in req.steps.iter().enumerate() {
-                check_url(&format!("steps[{i}].action"), &s.action)?;
-                let compensate = s.compensate.as_deref().ok_or_else(|| {
-                    ApiError::bad_request(
-                        "invalid_request",
-                        format!("steps[{i}].compensate is required for a saga"),
-                    )
-                })?;
-                check_url(&format!("steps[{i}].compensate"), compensate)?;
-                let payload = payload_text(&s.payload);
-                check_payload(&format!("steps[{i}].payload"), &payload)?;
-                steps.push(SagaStep {
-                    action: s.action.clone(),
-                    compensate: compensate.to_owned(),
-                    payload,
-                });
-            }
-            let options = req.options.resolve(defaults, steps.len())?;
+    let checked = check_create(body, defaults, app.max_branches, app.engine.now())?;
+    let trace = crate::trace::from_headers(&headers);
+    let outcome = match checked.new {
+        NewTransaction::Saga(saga) => app.engine.create_saga(NewSaga { trace, ..saga }).await?,
+        NewTransaction::Prepared(prepared) => {
             app.engine
-                .create_saga(NewSaga {
-                    gid: gid.clone(),
-                    steps,
-                    options,
-                    request,
-                    trace,
-                })
-                .await?
-        }
-        Kind::Tcc | Kind::Msg => {
-            if kind == Kind::Tcc && !req.steps.is_empty() {
-                return Err(ApiError::bad_request(
-                    "invalid_request",
-                    "a TCC transaction takes branches, not steps",
-                ));
-            }
-            if kind == Kind::Msg && !req.branches.is_empty() {
-                return Err(ApiError::bad_request(
-                    "invalid_request",
-                    "a msg takes steps, not branches",
-                ));
-            }
-            check_branch_count("branches", req.branches.len(), app.max_branches)?;
-            check_branch_count("steps", req.steps.len(), app.max_branches)?;
-            let now = app.engine.now();
-            let mut branches = Vec::new();
-            let mut seen = std::collections::BTreeSet::new();
-            for spec in &req.branches {
-                if !seen.insert(spec.branch_id.as_str()) {
-                    return Err(ApiError::bad_request(
-                        "invalid_request",
-                        format!("branch {:?} is listed twice", spec.branch_id),
-                    ));
-                }
-                branches.extend(spec.operations(now)?);
-            }
-            if kind == Kind::Msg && req.steps.is_empty() {
-                return Err(ApiError::bad_request(
-                    "empty_steps",
-                    "a msg needs at least one step",
-                ));
-            }
-            let mut msg_steps = Vec::new();
-            for (i, s) in req.steps.iter().enumerate() {
-                check_url(&format!("steps[{i}].action"), &s.action)?;
-                if s.compensate.is_some() {
-                    return Err(ApiError::bad_request(
-                        "invalid_request",
-                        "msg steps have no compensate",
-                    ));
-                }
-                let payload = payload_text(&s.payload);
-                check_payload(&format!("steps[{i}].payload"), &payload)?;
-                msg_steps.push((s.action.clone(), payload));
-            }
-            if let Some(url) = &req.query_prepared {
-                check_url("query_prepared", url)?;
-            }
-            let options = req.options.resolve(defaults, req.steps.len())?;
-            app.engine
-                .create_prepared(NewPrepared {
-                    gid: gid.clone(),
-                    kind,
-                    options,
-                    msg_steps,
-                    query_prepared: req.query_prepared,
-                    branches,
-                    request,
-                    trace,
-                })
+                .create_prepared(NewPrepared { trace, ..prepared })
                 .await?
         }
     };
-    let stored = if req.wait_result && kind == Kind::Saga {
-        app.engine.wait_settled(&gid, app.wait_timeout).await?
+    let stored = if checked.wait_result && checked.kind == Kind::Saga {
+        app.engine
+            .wait_settled(&checked.gid, app.wait_timeout)
+            .await?
     } else {
         outcome.stored
     };
@@ -180,6 +72,20 @@ pub(super) async fn create(
     Ok((status, Json(tx_view(&stored, None))).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/transactions/{gid}/branches",
+    operation_id = "register",
+    tag = "transactions",
+    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    request_body = RegisterRequest,
+    responses(
+        (status = 200, description = "Registered (and the Try, if given, succeeded)", body = RegisterView),
+        (status = 409, description = "`try_failed`: the Try idem called refused", body = RegisterView),
+        (status = 425, description = "`try_in_progress`", body = RegisterView),
+        (status = 502, description = "`try_unknown`: the Try had no definite answer", body = RegisterView),
+    )
+)]
 pub(super) async fn register(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
@@ -212,11 +118,13 @@ pub(super) async fn register(
         .await
         .map_err(registration_error)?;
     let Some(_) = req.try_url else {
-        return Ok((
-            StatusCode::OK,
-            Json(serde_json::json!({"gid": gid, "branch_id": req.branch_id})),
-        )
-            .into_response());
+        let view = RegisterView {
+            gid,
+            branch_id: req.branch_id,
+            try_outcome: None,
+            error: None,
+        };
+        return Ok((StatusCode::OK, Json(view)).into_response());
     };
     let (outcome, _) = app.engine.call_try(&gid, &req.branch_id).await?;
     let (status, code) = match &outcome {
@@ -225,13 +133,20 @@ pub(super) async fn register(
         CallOutcome::InProgress(_) => (StatusCode::TOO_EARLY, Some("try_in_progress")),
         CallOutcome::Unknown(_) => (StatusCode::BAD_GATEWAY, Some("try_unknown")),
     };
-    let body = serde_json::json!({
-        "gid": gid,
-        "branch_id": req.branch_id,
-        "try": {"outcome": outcome.label(), "detail": outcome.detail()},
-        "error": code.map(|c| serde_json::json!({"code": c, "message": outcome.detail()})),
-    });
-    Ok((status, Json(body)).into_response())
+    let detail = outcome.detail().map(str::to_owned);
+    let view = RegisterView {
+        gid,
+        branch_id: req.branch_id,
+        error: code.map(|code| ErrorView {
+            code: code.to_owned(),
+            message: detail.clone().unwrap_or_default(),
+        }),
+        try_outcome: Some(TryView {
+            outcome: outcome.label().to_owned(),
+            detail,
+        }),
+    };
+    Ok((status, Json(view)).into_response())
 }
 
 /// The four operations on one transaction, which share their request and answer.
@@ -273,6 +188,16 @@ async fn operate(
     Ok(Json(tx_view(&stored, None)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/transactions/{gid}/submit",
+    operation_id = "submit",
+    tag = "transactions",
+    description = "Stores the commit decision.",
+    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
+    responses((status = 200, description = "The transaction after the operation", body = TxView))
+)]
 pub(super) async fn submit(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
@@ -281,6 +206,16 @@ pub(super) async fn submit(
     operate(&app, gid, body, Operation::Submit).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/transactions/{gid}/abort",
+    operation_id = "abort",
+    tag = "transactions",
+    description = "Aborts.",
+    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
+    responses((status = 200, description = "The transaction after the operation", body = TxView))
+)]
 pub(super) async fn abort(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
@@ -289,6 +224,16 @@ pub(super) async fn abort(
     operate(&app, gid, body, Operation::Abort).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/transactions/{gid}/retry",
+    operation_id = "retry",
+    tag = "transactions",
+    description = "An operator's retry of a stalled transaction.",
+    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
+    responses((status = 200, description = "The transaction after the operation", body = TxView))
+)]
 pub(super) async fn retry(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
@@ -297,6 +242,16 @@ pub(super) async fn retry(
     operate(&app, gid, body, Operation::Retry).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/v1/transactions/{gid}/force-stop",
+    operation_id = "force_stop",
+    tag = "transactions",
+    description = "An operator marks it failed; nothing more is called.",
+    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
+    responses((status = 200, description = "The transaction after the operation", body = TxView))
+)]
 pub(super) async fn force_stop(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
@@ -305,6 +260,14 @@ pub(super) async fn force_stop(
     operate(&app, gid, body, Operation::ForceStop).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/transactions/{gid}",
+    operation_id = "show",
+    tag = "transactions",
+    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    responses((status = 200, description = "The transaction with its history of calls", body = TxView))
+)]
 pub(super) async fn show(
     State(app): State<Arc<AppState>>,
     Path(gid): Path<String>,
@@ -315,6 +278,14 @@ pub(super) async fn show(
     Ok(Json(tx_view(&stored, Some(history))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/transactions",
+    operation_id = "list",
+    tag = "transactions",
+    params(ListQuery),
+    responses((status = 200, description = "A page, newest first", body = PageView))
+)]
 pub(super) async fn list(
     State(app): State<Arc<AppState>>,
     query: Result<Query<ListQuery>, QueryRejection>,

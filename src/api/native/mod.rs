@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::{get, post};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 
@@ -15,19 +16,25 @@ mod handlers;
 mod requests;
 mod views;
 
-use handlers::{abort, create, force_stop, list, register, retry, show, submit};
-pub use requests::OptionsRequest;
-pub use views::{BranchView, PageView, TxView, page_view, tx_view};
+pub use requests::{CheckedCreate, NewTransaction, OptionsRequest, check_create};
+pub use views::{BranchView, PageView, RegisterView, TryView, TxView, page_view, tx_view};
+
+/// The native routes with their OpenAPI description: one list, so the spec cannot miss a
+/// route the router has (`api::openapi` serves it).
+pub fn api() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::new()
+        .routes(routes!(handlers::create, handlers::list))
+        .routes(routes!(handlers::show))
+        .routes(routes!(handlers::register))
+        .routes(routes!(handlers::submit))
+        .routes(routes!(handlers::abort))
+        .routes(routes!(handlers::retry))
+        .routes(routes!(handlers::force_stop))
+        .routes(routes!(super::openapi::serve))
+}
 
 pub fn routes() -> Router<Arc<AppState>> {
-    Router::new()
-        .route("/api/v1/transactions", post(create).get(list))
-        .route("/api/v1/transactions/{gid}", get(show))
-        .route("/api/v1/transactions/{gid}/branches", post(register))
-        .route("/api/v1/transactions/{gid}/submit", post(submit))
-        .route("/api/v1/transactions/{gid}/abort", post(abort))
-        .route("/api/v1/transactions/{gid}/retry", post(retry))
-        .route("/api/v1/transactions/{gid}/force-stop", post(force_stop))
+    api().split_for_parts().0
 }
 
 /// How long `wait_result` waits by default.

@@ -3,31 +3,45 @@
 
 use std::collections::BTreeMap;
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use serde::Deserialize;
 use serde_json::{Number, Value};
+use utoipa::{IntoParams, ToSchema};
 
 use crate::api::error::ApiError;
 use crate::api::validate::{
     Given, MAX_ATTEMPTS, MAX_IN_PROGRESS, MAX_RETRY_INTERVAL, Overrides, REQUEST_TIMEOUT,
-    RETRY_INTERVAL, TIMEOUT, check_id, check_payload, check_url, parse_orders,
+    RETRY_INTERVAL, TIMEOUT, check_branch_count, check_id, check_payload, check_url, parse_body,
+    parse_orders,
 };
-use crate::core::{Action, Branch, Millis, TxOptions};
+use crate::core::{Action, Branch, Kind, Millis, SagaStep, TxOptions};
+use crate::engine::{NewPrepared, NewSaga};
 
 /// Options a request may set; anything unset takes the server default. Numbers are kept
 /// as sent so that the shared checks judge them (see `validate`).
-#[derive(Debug, Default, Deserialize)]
+/// The ranges in the schema come from `validate::OPTIONS` (see `api::openapi`).
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OptionsRequest {
+    #[schema(value_type = Option<u64>)]
     pub request_timeout_ms: Option<Number>,
+    #[schema(value_type = Option<u64>)]
     pub retry_interval_ms: Option<Number>,
+    #[schema(value_type = Option<u64>)]
     pub max_retry_interval_ms: Option<Number>,
+    #[schema(value_type = Option<u64>)]
     pub max_attempts: Option<Number>,
+    #[schema(value_type = Option<u64>)]
     pub max_in_progress_ms: Option<Number>,
+    #[schema(value_type = Option<u64>)]
     pub timeout_ms: Option<Number>,
+    /// Sent with every branch call (at most 32; see docs/api.md, *Limits*).
     #[serde(default)]
     pub branch_headers: BTreeMap<String, String>,
     #[serde(default)]
     pub concurrent: bool,
+    /// Step index -> indexes of the steps it waits for.
     #[serde(default)]
     pub orders: BTreeMap<String, Vec<usize>>,
 }
@@ -58,24 +72,36 @@ impl OptionsRequest {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// A saga or msg step.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StepRequest {
+    #[schema(format = "uri", max_length = 4096)]
     pub(super) action: String,
+    /// Saga: required. Msg: not allowed.
+    #[schema(format = "uri", max_length = 4096)]
     pub(super) compensate: Option<String>,
+    /// Any JSON: its text is the body sent to the participant (null: an empty body).
     #[serde(default)]
+    #[schema(value_type = Value)]
     pub(super) payload: Value,
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /api/v1/transactions`.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateRequest {
+    /// Generated when absent.
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub(super) gid: Option<String>,
+    #[schema(value_type = Kind)]
     pub(super) kind: String,
     #[serde(default)]
     pub(super) steps: Vec<StepRequest>,
     #[serde(default)]
     pub(super) options: OptionsRequest,
+    /// Msg: where idem asks whether the local transaction committed.
+    #[schema(format = "uri", max_length = 4096)]
     pub(super) query_prepared: Option<String>,
     /// TCC: branches to register with the transaction, in one request.
     #[serde(default)]
@@ -84,13 +110,18 @@ pub(super) struct CreateRequest {
     pub(super) wait_result: bool,
 }
 
-#[derive(Debug, Deserialize)]
+/// A TCC branch listed at creation.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct BranchSpec {
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub(super) branch_id: String,
+    #[schema(format = "uri", max_length = 4096)]
     pub(super) confirm: String,
+    #[schema(format = "uri", max_length = 4096)]
     pub(super) cancel: String,
     #[serde(default)]
+    #[schema(value_type = Value)]
     pub(super) payload: Value,
 }
 
@@ -141,34 +172,199 @@ pub(super) fn identity(mut request: Value) -> Value {
     request
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /api/v1/transactions/{gid}/branches`.
+/// A create request, parsed and checked: what the engine is asked to store. The trace
+/// context comes from the request's headers; the handler sets it.
+#[derive(Debug)]
+pub enum NewTransaction {
+    Saga(NewSaga),
+    Prepared(NewPrepared),
+}
+
+/// A checked create request and how to answer it.
+#[derive(Debug)]
+pub struct CheckedCreate {
+    pub gid: String,
+    pub kind: Kind,
+    pub new: NewTransaction,
+    pub wait_result: bool,
+}
+
+/// Parses and checks a `POST /api/v1/transactions` body without touching the engine: every
+/// way it can be wrong is a 4xx [`ApiError`]. Public so the fuzz targets reach it.
+pub fn check_create(
+    body: Result<Bytes, BytesRejection>,
+    defaults: &TxOptions,
+    max_branches: usize,
+    now: Millis,
+) -> Result<CheckedCreate, ApiError> {
+    let (req, raw): (CreateRequest, Value) = parse_body(body, None)?;
+    let kind: Kind = req.kind.parse().map_err(|_| {
+        ApiError::bad_request(
+            "unknown_kind",
+            format!(
+                "kind must be \"tcc\", \"saga\" or \"msg\" (got {:?})",
+                req.kind
+            ),
+        )
+    })?;
+    let gid = match req.gid {
+        Some(gid) => {
+            check_id("gid", "invalid_gid", &gid)?;
+            gid
+        }
+        None => uuid::Uuid::new_v4().simple().to_string(),
+    };
+    let mut request = identity(raw);
+    if let Value::Object(map) = &mut request {
+        map.insert("gid".into(), Value::String(gid.clone()));
+    }
+    let invalid = |m: &str| Err(ApiError::bad_request("invalid_request", m.to_owned()));
+    let new = match kind {
+        Kind::Saga => {
+            if req.steps.is_empty() {
+                return Err(ApiError::bad_request(
+                    "empty_steps",
+                    "a saga needs at least one step",
+                ));
+            }
+            if !req.branches.is_empty() {
+                return invalid("a saga takes steps, not branches");
+            }
+            if req.query_prepared.is_some() {
+                return invalid("query_prepared is for msg transactions");
+            }
+            check_branch_count("steps", req.steps.len(), max_branches)?;
+            let mut steps = Vec::new();
+            for (i, s) in req.steps.iter().enumerate() {
+                check_url(&format!("steps[{i}].action"), &s.action)?;
+                let compensate = s.compensate.as_deref().ok_or_else(|| {
+                    ApiError::bad_request(
+                        "invalid_request",
+                        format!("steps[{i}].compensate is required for a saga"),
+                    )
+                })?;
+                check_url(&format!("steps[{i}].compensate"), compensate)?;
+                let payload = payload_text(&s.payload);
+                check_payload(&format!("steps[{i}].payload"), &payload)?;
+                steps.push(SagaStep {
+                    action: s.action.clone(),
+                    compensate: compensate.to_owned(),
+                    payload,
+                });
+            }
+            let options = req.options.resolve(defaults, steps.len())?;
+            NewTransaction::Saga(NewSaga {
+                gid: gid.clone(),
+                steps,
+                options,
+                request,
+                trace: None,
+            })
+        }
+        Kind::Tcc | Kind::Msg => {
+            if kind == Kind::Tcc && !req.steps.is_empty() {
+                return invalid("a TCC transaction takes branches, not steps");
+            }
+            if kind == Kind::Msg && !req.branches.is_empty() {
+                return invalid("a msg takes steps, not branches");
+            }
+            check_branch_count("branches", req.branches.len(), max_branches)?;
+            check_branch_count("steps", req.steps.len(), max_branches)?;
+            let mut branches = Vec::new();
+            let mut seen = std::collections::BTreeSet::new();
+            for spec in &req.branches {
+                if !seen.insert(spec.branch_id.as_str()) {
+                    return Err(ApiError::bad_request(
+                        "invalid_request",
+                        format!("branch {:?} is listed twice", spec.branch_id),
+                    ));
+                }
+                branches.extend(spec.operations(now)?);
+            }
+            if kind == Kind::Msg && req.steps.is_empty() {
+                return Err(ApiError::bad_request(
+                    "empty_steps",
+                    "a msg needs at least one step",
+                ));
+            }
+            let mut msg_steps = Vec::new();
+            for (i, s) in req.steps.iter().enumerate() {
+                check_url(&format!("steps[{i}].action"), &s.action)?;
+                if s.compensate.is_some() {
+                    return invalid("msg steps have no compensate");
+                }
+                let payload = payload_text(&s.payload);
+                check_payload(&format!("steps[{i}].payload"), &payload)?;
+                msg_steps.push((s.action.clone(), payload));
+            }
+            if let Some(url) = &req.query_prepared {
+                check_url("query_prepared", url)?;
+            }
+            let options = req.options.resolve(defaults, req.steps.len())?;
+            NewTransaction::Prepared(NewPrepared {
+                gid: gid.clone(),
+                kind,
+                options,
+                msg_steps,
+                query_prepared: req.query_prepared,
+                branches,
+                request,
+                trace: None,
+            })
+        }
+    };
+    Ok(CheckedCreate {
+        gid,
+        kind,
+        new,
+        wait_result: req.wait_result,
+    })
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RegisterRequest {
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub(super) branch_id: String,
+    #[schema(format = "uri", max_length = 4096)]
     pub(super) confirm: String,
+    #[schema(format = "uri", max_length = 4096)]
     pub(super) cancel: String,
+    /// When given, idem calls the Try and answers with its outcome.
     #[serde(rename = "try")]
+    #[schema(format = "uri", max_length = 4096)]
     pub(super) try_url: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Value)]
     pub(super) payload: Value,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// The optional body of submit, abort, retry and force-stop.
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ActionRequest {
     #[serde(default)]
     pub(super) wait_result: bool,
+    /// Abort and force-stop: why (at most 1,024 bytes).
+    #[schema(max_length = 1024)]
     pub(super) reason: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ListQuery {
+    #[param(value_type = Option<crate::core::Status>)]
     pub(super) status: Option<String>,
+    #[param(value_type = Option<Kind>)]
     pub(super) kind: Option<String>,
+    /// Milliseconds since the Unix epoch.
     pub(super) created_from: Option<Millis>,
     pub(super) created_to: Option<Millis>,
+    /// A `next_cursor` this server gave.
     pub(super) cursor: Option<String>,
+    #[param(minimum = 1, maximum = 1000)]
     pub(super) limit: Option<u32>,
 }
 

@@ -52,3 +52,24 @@ pub fn tx_view(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView
         history,
     }
 }
+
+/// The answer to a branch registration: the Try's outcome when idem called it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct RegisterView {
+    pub gid: String,
+    pub branch_id: String,
+    /// Present when the request had a `try` URL.
+    #[serde(rename = "try", skip_serializing_if = "Option::is_none")]
+    pub try_outcome: Option<TryView>,
+    /// Present when the Try did not succeed: `try_failed`, `try_in_progress`, `try_unknown`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<idem_types::ErrorView>,
+}
+
+/// What the Try idem called answered.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TryView {
+    /// `success`, `failure`, `in_progress` or `unknown`.
+    pub outcome: String,
+    pub detail: Option<String>,
+}

@@ -1,0 +1,273 @@
+//! The native API's OpenAPI 3 description, served at `GET /api/v1/openapi.json`.
+//!
+//! The paths and bodies come from the handlers' `#[utoipa::path]` attributes and the request
+//! and view types (`native::api()` registers routes and their description together, so the
+//! spec lists every native route). Added here, from the tables the checks themselves read:
+//! the error answers of each operation with their stable codes ([`ERRORS`]), and the ranges
+//! of the numeric options (`validate::OPTIONS`).
+
+use std::sync::LazyLock;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde_json::{Value, json};
+use utoipa::OpenApi;
+
+use super::validate::OPTIONS;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "idem",
+        description = "idem's native API: TCC, saga and two-phase message transactions. \
+                       See docs/api.md for the rules behind each field."
+    ),
+    components(schemas(idem_types::ErrorBody))
+)]
+struct Doc;
+
+/// Error statuses and the codes each can carry.
+type Statuses = &'static [(u16, &'static [&'static str])];
+
+/// The codes every operation with a body or a gid can answer.
+const BODY: [&str; 2] = ["invalid_json", "invalid_body"];
+/// A database that is down or refuses the statement (docs/api.md, *Error codes*).
+const DATABASE: [(u16, &[&str]); 2] = [(503, &["unavailable", "contention"]), (500, &["internal"])];
+
+/// Per operation id: each error status it can answer and the codes under it.
+pub const ERRORS: &[(&str, Statuses)] = &[
+    (
+        "create",
+        &[
+            (
+                400,
+                &[
+                    "invalid_json",
+                    "invalid_body",
+                    "unknown_kind",
+                    "empty_steps",
+                    "invalid_gid",
+                    "invalid_branch_id",
+                    "invalid_url",
+                    "too_long",
+                    "invalid_text",
+                    "invalid_header",
+                    "invalid_options",
+                    "invalid_request",
+                    "too_many_branches",
+                ],
+            ),
+            (409, &["gid_conflict"]),
+            (413, &["payload_too_large"]),
+        ],
+    ),
+    ("list", &[(400, &["invalid_query"])]),
+    ("show", &[(400, &["invalid_gid"]), (404, &["not_found"])]),
+    (
+        "register",
+        &[
+            (
+                400,
+                &[
+                    "invalid_json",
+                    "invalid_body",
+                    "invalid_gid",
+                    "invalid_branch_id",
+                    "invalid_url",
+                    "too_long",
+                    "invalid_text",
+                    "too_many_branches",
+                ],
+            ),
+            (404, &["not_found", "unknown_branch"]),
+            (
+                409,
+                &[
+                    "try_failed",
+                    "branch_conflict",
+                    "not_prepared",
+                    "invalid_state",
+                ],
+            ),
+            (413, &["payload_too_large"]),
+            (425, &["try_in_progress"]),
+            (502, &["try_unknown"]),
+        ],
+    ),
+    ("submit", OPERATE),
+    ("abort", OPERATE),
+    ("retry", OPERATE),
+    ("force_stop", OPERATE),
+];
+
+const OPERATE: Statuses = &[
+    (
+        400,
+        &[
+            "invalid_json",
+            "invalid_body",
+            "invalid_gid",
+            "too_long",
+            "invalid_text",
+        ],
+    ),
+    (404, &["not_found"]),
+    (
+        409,
+        &[
+            "invalid_state",
+            "timed_out",
+            "try_failed",
+            "try_not_succeeded",
+        ],
+    ),
+    (413, &["payload_too_large"]),
+];
+
+/// The spec as served.
+pub fn spec() -> Value {
+    let (_, api) = utoipa_axum::router::OpenApiRouter::with_openapi(Doc::openapi())
+        .merge(super::native::api())
+        .split_for_parts();
+    let mut spec = serde_json::to_value(api).expect("the spec serialises");
+    spec["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
+    add_errors(&mut spec);
+    add_option_ranges(&mut spec);
+    add_links(&mut spec);
+    spec
+}
+
+/// A created transaction's gid leads to the operations on it (OpenAPI links), so a client
+/// generator or a stateful fuzzer can follow a create with them.
+fn add_links(spec: &mut Value) {
+    let gid = json!({"gid": "$response.body#/gid"});
+    let links: serde_json::Map<String, Value> = ERRORS
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| !matches!(*id, "create" | "list"))
+        .map(|id| (id.to_owned(), json!({"operationId": id, "parameters": gid})))
+        .collect();
+    let create = &mut spec["paths"]["/api/v1/transactions"]["post"]["responses"];
+    for status in ["200", "201"] {
+        create[status]["links"] = Value::Object(links.clone());
+    }
+}
+
+static SPEC: LazyLock<String> = LazyLock::new(|| spec().to_string());
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/openapi.json",
+    operation_id = "openapi",
+    tag = "meta",
+    responses((status = 200, description = "This document", content_type = "application/json", body = Object))
+)]
+pub async fn serve() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], SPEC.as_str())
+}
+
+/// Every code the native API can answer, once each.
+pub fn all_codes() -> Vec<&'static str> {
+    let mut codes: Vec<&str> = ERRORS
+        .iter()
+        .flat_map(|(_, statuses)| statuses.iter().chain(DATABASE.iter()))
+        .flat_map(|(_, codes)| codes.iter().copied())
+        .chain(BODY)
+        .collect();
+    codes.sort_unstable();
+    codes.dedup();
+    codes
+}
+
+fn add_errors(spec: &mut Value) {
+    spec["components"]["schemas"]["ErrorView"]["properties"]["code"]["enum"] = json!(all_codes());
+    let error_body = json!({"$ref": "#/components/schemas/ErrorBody"});
+    let Some(paths) = spec["paths"].as_object_mut() else {
+        return;
+    };
+    for operation in paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+    {
+        let id = operation["operationId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let Some((_, statuses)) = ERRORS.iter().find(|(op, _)| *op == id) else {
+            continue;
+        };
+        // Their body is optional: an empty one is `{}`.
+        if ["submit", "abort", "retry", "force_stop"].contains(&id.as_str()) {
+            operation["requestBody"]["required"] = json!(false);
+        }
+        for (status, codes) in statuses.iter().chain(DATABASE.iter()) {
+            let list = codes
+                .iter()
+                .map(|c| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let key = status.to_string();
+            let responses = &mut operation["responses"];
+            // A status the handler already answers with its own body (a Try's 409) takes
+            // either body.
+            let schema = match responses[&key]["content"]["application/json"]["schema"].take() {
+                Value::Null => error_body.clone(),
+                own => json!({"anyOf": [own, error_body]}),
+            };
+            let description = match responses[&key]["description"].as_str() {
+                Some(own) => format!("{own}; or an error: {list}"),
+                None => format!("An error: {list} (docs/api.md, *Error codes*)"),
+            };
+            responses[&key] = json!({
+                "description": description,
+                "content": {"application/json": {"schema": schema}},
+            });
+        }
+    }
+}
+
+fn add_option_ranges(spec: &mut Value) {
+    let properties = &mut spec["components"]["schemas"]["OptionsRequest"]["properties"];
+    for option in OPTIONS {
+        let property = &mut properties[option.name];
+        property["minimum"] = json!(option.min);
+        property["maximum"] = json!(option.max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_of_the_spec_has_its_error_answers() {
+        let spec = spec();
+        let mut ids = Vec::new();
+        for item in spec["paths"].as_object().unwrap().values() {
+            for operation in item.as_object().unwrap().values() {
+                let id = operation["operationId"].as_str().unwrap();
+                ids.push(id.to_owned());
+                if id == "openapi" {
+                    continue;
+                }
+                let responses = operation["responses"].as_object().unwrap();
+                for status in ["400", "500", "503"] {
+                    assert!(responses.contains_key(status), "{id} lacks {status}");
+                }
+            }
+        }
+        for (id, _) in ERRORS {
+            assert!(ids.iter().any(|i| i == id), "{id} is not an operation");
+        }
+        let created = &spec["paths"]["/api/v1/transactions"]["post"]["responses"]["201"];
+        assert_eq!(
+            created["links"]["submit"]["operationId"], "submit",
+            "{created}"
+        );
+        let abort = &spec["paths"]["/api/v1/transactions/{gid}/abort"]["post"];
+        assert_eq!(abort["requestBody"]["required"], json!(false), "{abort}");
+        let max = &spec["components"]["schemas"]["OptionsRequest"]["properties"]["max_attempts"];
+        assert_eq!(max["maximum"], json!(10_000), "{max}");
+    }
+}
