@@ -13,7 +13,7 @@ use axum::response::IntoResponse;
 use serde_json::{Value, json};
 use utoipa::OpenApi;
 
-use super::validate::OPTIONS;
+use super::validate::{OPTIONS, id_pattern};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -133,6 +133,7 @@ pub fn spec() -> Value {
     spec["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
     add_errors(&mut spec);
     add_option_ranges(&mut spec);
+    add_id_patterns(&mut spec);
     add_links(&mut spec);
     spec
 }
@@ -227,6 +228,37 @@ fn add_errors(spec: &mut Value) {
     }
 }
 
+/// The id rule of `validate::check_id`, written once: on every `{gid}` path parameter and
+/// on the ids a request names.
+fn add_id_patterns(spec: &mut Value) {
+    let pattern = json!(id_pattern());
+    if let Some(paths) = spec["paths"].as_object_mut() {
+        for operation in paths.values_mut().filter_map(Value::as_object_mut) {
+            for op in operation.values_mut() {
+                let params = op.get_mut("parameters").and_then(Value::as_array_mut);
+                for param in params.into_iter().flatten() {
+                    if param["name"] == "gid" && param["in"] == "path" {
+                        param["schema"]["pattern"] = pattern.clone();
+                    }
+                }
+            }
+        }
+    }
+    let schemas = &mut spec["components"]["schemas"];
+    for (schema, field) in [
+        ("CreateRequest", "gid"),
+        ("BranchSpec", "branch_id"),
+        ("RegisterRequest", "branch_id"),
+    ] {
+        let property = schemas
+            .get_mut(schema)
+            .and_then(|s| s.get_mut("properties"))
+            .and_then(|p| p.get_mut(field))
+            .expect("the request schemas name their ids");
+        property["pattern"] = pattern.clone();
+    }
+}
+
 fn add_option_ranges(spec: &mut Value) {
     let properties = &mut spec["components"]["schemas"]["OptionsRequest"]["properties"];
     for option in OPTIONS {
@@ -269,5 +301,49 @@ mod tests {
         assert_eq!(abort["requestBody"]["required"], json!(false), "{abort}");
         let max = &spec["components"]["schemas"]["OptionsRequest"]["properties"]["max_attempts"];
         assert_eq!(max["maximum"], json!(10_000), "{max}");
+    }
+
+    #[test]
+    fn ids_carry_the_rule_check_id_applies() {
+        let spec = spec();
+        let want = json!("^[A-Za-z0-9_.:-]{1,128}$");
+        let mut gid_params = 0;
+        for item in spec["paths"].as_object().unwrap().values() {
+            for operation in item.as_object().unwrap().values() {
+                for param in operation["parameters"].as_array().into_iter().flatten() {
+                    if param["name"] == "gid" {
+                        assert_eq!(param["schema"]["pattern"], want, "{param}");
+                        gid_params += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(gid_params, 6, "every operation on one transaction");
+        let schemas = &spec["components"]["schemas"];
+        assert_eq!(
+            schemas["CreateRequest"]["properties"]["gid"]["pattern"],
+            want
+        );
+        assert_eq!(
+            schemas["BranchSpec"]["properties"]["branch_id"]["pattern"],
+            want
+        );
+        assert_eq!(
+            schemas["RegisterRequest"]["properties"]["branch_id"]["pattern"],
+            want
+        );
+        // The pattern's bounds are check_id's: 128 characters pass, 129 do not.
+        for id in ["a", "order-1:x_y.z", &"a".repeat(128)] {
+            assert!(
+                crate::api::validate::check_id("gid", "c", id).is_ok(),
+                "{id}"
+            );
+        }
+        for id in ["", "a b", "é", &"a".repeat(129)] {
+            assert!(
+                crate::api::validate::check_id("gid", "c", id).is_err(),
+                "{id}"
+            );
+        }
     }
 }

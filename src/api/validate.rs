@@ -92,6 +92,11 @@ pub fn check_text(field: &str, text: &str, max: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// [`check_id`]'s rule as a regular expression, for the OpenAPI description.
+pub fn id_pattern() -> String {
+    format!("^[A-Za-z0-9_.:-]{{1,{MAX_ID_LEN}}}$")
+}
+
 /// Gids and branch ids: 1 to 128 of `A-Z a-z 0-9 _ . : -`. They end up in URLs, logs and
 /// unique indexes, so anything else is refused rather than escaped.
 pub fn check_id(what: &'static str, code: &'static str, id: &str) -> Result<(), ApiError> {

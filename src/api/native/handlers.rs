@@ -77,7 +77,7 @@ pub(super) async fn create(
     path = "/api/v1/transactions/{gid}/branches",
     operation_id = "register",
     tag = "transactions",
-    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    params(("gid" = String, Path, description = "The transaction's gid")),
     request_body = RegisterRequest,
     responses(
         (status = 200, description = "Registered (and the Try, if given, succeeded)", body = RegisterView),
@@ -194,7 +194,7 @@ async fn operate(
     operation_id = "submit",
     tag = "transactions",
     description = "Stores the commit decision.",
-    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    params(("gid" = String, Path, description = "The transaction's gid")),
     request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
     responses((status = 200, description = "The transaction after the operation", body = TxView))
 )]
@@ -212,7 +212,7 @@ pub(super) async fn submit(
     operation_id = "abort",
     tag = "transactions",
     description = "Aborts.",
-    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    params(("gid" = String, Path, description = "The transaction's gid")),
     request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
     responses((status = 200, description = "The transaction after the operation", body = TxView))
 )]
@@ -230,7 +230,7 @@ pub(super) async fn abort(
     operation_id = "retry",
     tag = "transactions",
     description = "An operator's retry of a stalled transaction.",
-    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    params(("gid" = String, Path, description = "The transaction's gid")),
     request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
     responses((status = 200, description = "The transaction after the operation", body = TxView))
 )]
@@ -248,7 +248,7 @@ pub(super) async fn retry(
     operation_id = "force_stop",
     tag = "transactions",
     description = "An operator marks it failed; nothing more is called.",
-    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    params(("gid" = String, Path, description = "The transaction's gid")),
     request_body(content = ActionRequest, description = "Optional: an empty body is `{}`"),
     responses((status = 200, description = "The transaction after the operation", body = TxView))
 )]
@@ -265,7 +265,7 @@ pub(super) async fn force_stop(
     path = "/api/v1/transactions/{gid}",
     operation_id = "show",
     tag = "transactions",
-    params(("gid" = String, Path, description = "The transaction's gid", pattern = r"^[A-Za-z0-9_.:-]{1,128}$")),
+    params(("gid" = String, Path, description = "The transaction's gid")),
     responses((status = 200, description = "The transaction with its history of calls", body = TxView))
 )]
 pub(super) async fn show(

@@ -92,7 +92,6 @@ pub(super) struct StepRequest {
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateRequest {
     /// Generated when absent.
-    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub(super) gid: Option<String>,
     #[schema(value_type = Kind)]
     pub(super) kind: String,
@@ -114,7 +113,6 @@ pub(super) struct CreateRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct BranchSpec {
-    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub(super) branch_id: String,
     #[schema(format = "uri", max_length = 4096)]
     pub(super) confirm: String,
@@ -325,7 +323,6 @@ pub fn check_create(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RegisterRequest {
-    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub(super) branch_id: String,
     #[schema(format = "uri", max_length = 4096)]
     pub(super) confirm: String,
