@@ -13,7 +13,7 @@ use axum::response::IntoResponse;
 use serde_json::{Value, json};
 use utoipa::OpenApi;
 
-use super::validate::{OPTIONS, id_pattern};
+use super::validate::{MAX_URL_LEN, OPTIONS, id_pattern};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -133,7 +133,7 @@ pub fn spec() -> Value {
     spec["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
     add_errors(&mut spec);
     add_option_ranges(&mut spec);
-    add_id_patterns(&mut spec);
+    add_id_and_url_rules(&mut spec);
     add_links(&mut spec);
     spec
 }
@@ -228,9 +228,10 @@ fn add_errors(spec: &mut Value) {
     }
 }
 
-/// The id rule of `validate::check_id`, written once: on every `{gid}` path parameter and
-/// on the ids a request names.
-fn add_id_patterns(spec: &mut Value) {
+/// The rules of `validate::check_id` and `check_url`, written once from their bounds: the id
+/// pattern on every `{gid}` path parameter and on the ids a request names, the length cap
+/// on every participant URL.
+fn add_id_and_url_rules(spec: &mut Value) {
     let pattern = json!(id_pattern());
     if let Some(paths) = spec["paths"].as_object_mut() {
         for operation in paths.values_mut().filter_map(Value::as_object_mut) {
@@ -256,6 +257,19 @@ fn add_id_patterns(spec: &mut Value) {
             .and_then(|p| p.get_mut(field))
             .expect("the request schemas name their ids");
         property["pattern"] = pattern.clone();
+    }
+    // Every participant URL a request names has check_url's bound.
+    for schema in schemas
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|s| s.values_mut())
+    {
+        let properties = schema.get_mut("properties").and_then(Value::as_object_mut);
+        for property in properties.into_iter().flat_map(|p| p.values_mut()) {
+            if property["format"] == "uri" {
+                property["maxLength"] = json!(MAX_URL_LEN);
+            }
+        }
     }
 }
 
@@ -304,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn ids_carry_the_rule_check_id_applies() {
+    fn ids_and_urls_carry_the_rules_validate_applies() {
         let spec = spec();
         let want = json!("^[A-Za-z0-9_.:-]{1,128}$");
         let mut gid_params = 0;

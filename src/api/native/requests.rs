@@ -76,10 +76,10 @@ impl OptionsRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StepRequest {
-    #[schema(format = "uri", max_length = 4096)]
+    #[schema(format = "uri")]
     pub(super) action: String,
     /// Saga: required. Msg: not allowed.
-    #[schema(format = "uri", max_length = 4096)]
+    #[schema(format = "uri")]
     pub(super) compensate: Option<String>,
     /// Any JSON: its text is the body sent to the participant (null: an empty body).
     #[serde(default)]
@@ -100,7 +100,7 @@ pub(super) struct CreateRequest {
     #[serde(default)]
     pub(super) options: OptionsRequest,
     /// Msg: where idem asks whether the local transaction committed.
-    #[schema(format = "uri", max_length = 4096)]
+    #[schema(format = "uri")]
     pub(super) query_prepared: Option<String>,
     /// TCC: branches to register with the transaction, in one request.
     #[serde(default)]
@@ -114,9 +114,9 @@ pub(super) struct CreateRequest {
 #[serde(deny_unknown_fields)]
 pub(super) struct BranchSpec {
     pub(super) branch_id: String,
-    #[schema(format = "uri", max_length = 4096)]
+    #[schema(format = "uri")]
     pub(super) confirm: String,
-    #[schema(format = "uri", max_length = 4096)]
+    #[schema(format = "uri")]
     pub(super) cancel: String,
     #[serde(default)]
     #[schema(value_type = Value)]
@@ -324,13 +324,13 @@ pub fn check_create(
 #[serde(deny_unknown_fields)]
 pub(super) struct RegisterRequest {
     pub(super) branch_id: String,
-    #[schema(format = "uri", max_length = 4096)]
+    #[schema(format = "uri")]
     pub(super) confirm: String,
-    #[schema(format = "uri", max_length = 4096)]
+    #[schema(format = "uri")]
     pub(super) cancel: String,
     /// When given, idem calls the Try and answers with its outcome.
     #[serde(rename = "try")]
-    #[schema(format = "uri", max_length = 4096)]
+    #[schema(format = "uri")]
     pub(super) try_url: Option<String>,
     #[serde(default)]
     #[schema(value_type = Value)]
