@@ -3,6 +3,7 @@
 //! See `ARCHITECTURE.md` for the map of this crate.
 
 pub mod api;
+pub mod auth;
 pub mod canonical;
 pub mod cli;
 pub mod core;
@@ -14,6 +15,7 @@ pub mod server;
 pub mod signing;
 pub mod store;
 pub mod telemetry;
+pub mod tenant;
 pub mod timestamp;
 pub mod trace;
 pub mod transport;

@@ -22,7 +22,10 @@ use crate::core::{Action, CallOutcome, Kind, Protocol};
 /// One call to a participant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallRequest {
+    /// The client's gid (never the tenant-scoped storage key: see [`crate::tenant`]).
     pub gid: String,
+    /// The transaction's tenant.
+    pub tenant: String,
     pub kind: Kind,
     pub branch_id: String,
     pub action: Action,
@@ -345,6 +348,7 @@ mod tests {
     fn query_parameters_follow_dtm() {
         let request = CallRequest {
             gid: "g 1".into(),
+            tenant: crate::tenant::DEFAULT_TENANT.into(),
             kind: Kind::Tcc,
             branch_id: "01".into(),
             action: Action::Confirm,

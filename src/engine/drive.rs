@@ -450,8 +450,10 @@ impl Engine {
     }
 
     pub(super) fn call_request(&self, tx: &Transaction, branch: &Branch) -> CallRequest {
+        let (tenant, gid) = crate::tenant::split_key(&tx.gid);
         CallRequest {
-            gid: tx.gid.clone(),
+            gid: gid.to_owned(),
+            tenant: tenant.to_owned(),
             kind: tx.kind,
             branch_id: branch.branch_id.clone(),
             action: branch.action,
