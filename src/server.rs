@@ -9,6 +9,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState};
+use crate::auth::AuthMode;
+use crate::auth::cache::TokenCache;
 use crate::engine::{Engine, EngineConfig, EventLog, Observer, Observers, SyncedClock};
 use crate::http_server::{self, HttpLimits};
 use crate::store::{self, ConnectOptions, Store};
@@ -44,6 +46,12 @@ pub struct ServerConfig {
     pub metrics_sample_interval: Duration,
     /// The key that signs every branch call; `None`: calls go unsigned.
     pub signing_key: Option<idem_signing::Key>,
+    /// Who may call the API.
+    pub auth: crate::auth::AuthConfig,
+    /// Listen beyond loopback without tokens (refused otherwise).
+    pub insecure: bool,
+    /// Unfinished transactions one tenant may have; 0: no cap.
+    pub max_active_per_tenant: u64,
 }
 
 impl ServerConfig {
@@ -63,6 +71,9 @@ impl ServerConfig {
             retention: crate::retention::RetentionConfig::default(),
             metrics_sample_interval: crate::metrics::sampler::DEFAULT_INTERVAL,
             signing_key: None,
+            auth: crate::auth::AuthConfig::default(),
+            insecure: false,
+            max_active_per_tenant: 0,
         }
     }
 }
@@ -76,6 +87,7 @@ pub struct RunningServer {
     grace: Duration,
     clock_sync: CancellationToken,
     retention: CancellationToken,
+    token_refresh: Option<JoinHandle<()>>,
 }
 
 impl RunningServer {
@@ -91,6 +103,9 @@ impl RunningServer {
         self.engine.begin_shutdown();
         self.clock_sync.cancel();
         self.retention.cancel();
+        if let Some(refresh) = &self.token_refresh {
+            refresh.abort();
+        }
         let _ = self.shutdown.send(());
         self.task.await.map_err(std::io::Error::other)?;
         self.engine.finish_shutdown(self.grace).await;
@@ -125,6 +140,7 @@ pub async fn start_with(
     observers: Vec<Arc<dyn Observer>>,
 ) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
     crate::transport::install_crypto_provider();
+    check_exposure(&config)?;
     let store =
         store::open_when_ready(&config.database_url, &config.connect, config.database_wait).await?;
     crate::metrics::install();
@@ -148,12 +164,15 @@ pub async fn start_with(
     crate::retention::spawn(Arc::clone(&store), config.retention, retention.clone());
     let engine =
         Engine::new(store, transport, clock, config.engine.clone()).with_observer(observer);
+    let (auth, token_refresh) = authentication(&config, &engine).await?;
     let listener = TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
     let state = Arc::new(AppState {
         engine: Arc::clone(&engine),
         wait_timeout: config.wait_timeout,
         max_branches: config.connect.max_branches,
+        auth,
+        active_cap: api::active_cap::ActiveCap::new(config.max_active_per_tenant),
     });
     let app = api::router(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -177,5 +196,46 @@ pub async fn start_with(
         grace: config.shutdown_grace,
         clock_sync,
         retention,
+        token_refresh,
     })
+}
+
+/// Without tokens anyone who reaches the port is the default tenant's admin: that is only
+/// allowed on loopback, or when `--insecure` says so.
+fn check_exposure(config: &ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if config.auth.mode != AuthMode::None || config.listen.ip().is_loopback() {
+        return Ok(());
+    }
+    if !config.insecure {
+        return Err(format!(
+            "refusing to listen on {} without API tokens: anyone reaching it could read and              force-stop every transaction; use --auth tokens (see `idem token issue`), listen              on loopback, or pass --insecure",
+            config.listen
+        )
+        .into());
+    }
+    tracing::warn!(listen = %config.listen, "--insecure: serving beyond loopback without API tokens; every caller is an admin");
+    Ok(())
+}
+
+/// The authentication layer's state: the token cache, loaded now and refreshed in the
+/// background, when tokens are required.
+async fn authentication(
+    config: &ServerConfig,
+    engine: &Arc<Engine>,
+) -> Result<(Arc<api::auth::Auth>, Option<JoinHandle<()>>), store::StoreError> {
+    if config.auth.mode == AuthMode::None {
+        return Ok((api::auth::Auth::off(), None));
+    }
+    let cache = TokenCache::load(Arc::clone(engine.store())).await?;
+    if cache.live_tokens() == 0 {
+        tracing::warn!(
+            "API tokens are required but none is issued: every request is refused until `idem token issue` makes one"
+        );
+    }
+    let refresh = cache.spawn_refresh(config.auth.refresh);
+    let auth = Arc::new(api::auth::Auth {
+        config: config.auth.clone(),
+        cache: Some(cache),
+    });
+    Ok((auth, Some(refresh)))
 }

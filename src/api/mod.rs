@@ -13,6 +13,8 @@ use serde_json::json;
 
 use crate::engine::Engine;
 
+pub mod active_cap;
+pub mod auth;
 pub mod dtm;
 pub mod error;
 mod http_metrics;
@@ -27,6 +29,21 @@ pub struct AppState {
     pub wait_timeout: Duration,
     /// Branches (TCC) or steps (saga, msg) one transaction may have.
     pub max_branches: usize,
+    /// Who may call, and the token cache.
+    pub auth: Arc<auth::Auth>,
+    /// The cap on a tenant's unfinished transactions.
+    pub active_cap: active_cap::ActiveCap,
+}
+
+impl AppState {
+    /// Refuses a create past the tenant's cap, unless `key` exists already (a repeat of
+    /// a create gets what is stored, as it would below the cap).
+    pub async fn admit_create(&self, tenant: &str, key: &str) -> Result<(), error::ApiError> {
+        match self.active_cap.admit(&self.engine, tenant).await {
+            Err(refused) if self.engine.find(key).await?.is_none() => Err(refused),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Request bodies larger than this are refused with 413.
@@ -47,6 +64,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(native::routes())
         .merge(dtm::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        // Outside the body limit: a refused caller's body is never read.
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state.auth),
+            auth::authenticate,
+        ))
         .layer(middleware::from_fn(log_server_errors))
         .layer(middleware::from_fn(http_metrics::count_requests))
         .with_state(state)

@@ -69,3 +69,44 @@ impl Principal {
         }
     }
 }
+
+pub mod cache;
+pub mod tokens;
+
+use std::time::Duration;
+
+/// Whether requests must carry a token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthMode {
+    /// Every caller is the default tenant's admin: only for loopback (or `--insecure`).
+    #[default]
+    None,
+    /// Every API request carries `Authorization: Bearer <token>` (see `idem token`).
+    Tokens,
+}
+
+/// How the API authenticates: what `idem serve`'s flags say.
+#[derive(Clone, Debug)]
+pub struct AuthConfig {
+    pub mode: AuthMode,
+    /// DTM's door without a token acts as a client of this tenant (DTM clients send none).
+    pub dtm_tenant: Option<String>,
+    /// `/metrics` needs an operator's token.
+    pub protect_metrics: bool,
+    /// `/health` and `/health/ready` need an operator's token (`/health/live` never does).
+    pub protect_readiness: bool,
+    /// How often the token table is read again.
+    pub refresh: Duration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            mode: AuthMode::None,
+            dtm_tenant: None,
+            protect_metrics: false,
+            protect_readiness: false,
+            refresh: Duration::from_secs(5),
+        }
+    }
+}

@@ -13,6 +13,7 @@ use crate::store::ConnectOptions;
 pub mod config;
 pub mod logging;
 pub mod serve;
+pub mod token;
 pub mod tx;
 
 pub use config::{LoadError, Loaded};
@@ -69,6 +70,9 @@ pub enum Command {
     /// --database-url, on its database).
     #[command(subcommand)]
     Tx(TxCommand),
+    /// Issue, list and revoke API tokens (`idem serve --auth tokens`), on the database.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -112,6 +116,7 @@ pub async fn run(loaded: Loaded<Cli>) -> Result<(), BoxError> {
             Ok(())
         }
         Command::Tx(cmd) => tx::run(cmd).await,
+        Command::Token(cmd) => token::run(cmd).await,
     }
 }
 

@@ -163,6 +163,39 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub signing_secret: Option<String>,
+    /// `tokens`: every API request needs `Authorization: Bearer <token>` (issued with
+    /// `idem token issue`), scoped to the token's tenant and role. `none`: every caller is
+    /// the default tenant's admin, so idem refuses to listen beyond loopback unless
+    /// `--insecure` is given too.
+    #[arg(long, env = "IDEM_AUTH", value_enum, default_value_t = crate::auth::AuthMode::None)]
+    pub auth: crate::auth::AuthMode,
+    /// Serve beyond loopback with `--auth none` (a warning is logged): only behind
+    /// something else that authenticates.
+    #[arg(long, env = "IDEM_INSECURE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub insecure: bool,
+    /// With `--auth tokens`: DTM's door (`/api/dtmsvr`) takes requests without a token as
+    /// a client of this tenant, so DTM's own clients, which send none, keep working.
+    #[arg(long, env = "IDEM_DTM_TENANT", value_parser = parse_tenant)]
+    pub dtm_tenant: Option<String>,
+    /// With `--auth tokens`: `/metrics` needs an operator's or admin's token.
+    #[arg(long, env = "IDEM_PROTECT_METRICS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub protect_metrics: bool,
+    /// With `--auth tokens`: `/health` and `/health/ready` need an operator's or admin's
+    /// token (`/health/live` never does).
+    #[arg(long, env = "IDEM_PROTECT_READINESS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub protect_readiness: bool,
+    /// How often the token table is read again, in ms: a token revoked on another
+    /// coordinator stops working here within this time.
+    #[arg(long, env = "IDEM_TOKEN_REFRESH_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub token_refresh_ms: u64,
+    /// Unfinished (not succeeded or failed) transactions one tenant may have; a create
+    /// past it is refused (429 tenant_active_limit). 0: no cap.
+    #[arg(long, env = "IDEM_MAX_ACTIVE_PER_TENANT", default_value_t = 0)]
+    pub max_active_per_tenant: u64,
+}
+
+fn parse_tenant(name: &str) -> Result<String, String> {
+    crate::tenant::check_tenant(name).map(|()| name.to_owned())
 }
 
 /// Runs `idem serve`: the coordinator the flags describe, until SIGTERM or Ctrl-C.
@@ -231,6 +264,15 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
         args.signing_secret_file.as_deref(),
         args.signing_secret.as_deref(),
     )?;
+    config.auth = crate::auth::AuthConfig {
+        mode: args.auth,
+        dtm_tenant: args.dtm_tenant.clone(),
+        protect_metrics: args.protect_metrics,
+        protect_readiness: args.protect_readiness,
+        refresh: Duration::from_millis(args.token_refresh_ms),
+    };
+    config.insecure = args.insecure;
+    config.max_active_per_tenant = args.max_active_per_tenant;
     Ok(config)
 }
 

@@ -427,9 +427,16 @@ impl Engine {
 
     /// The transaction's `branch_headers`, plus a User-Agent naming this node unless the
     /// transaction sets its own: a participant's logs then say which coordinator called.
-    /// The trace context comes from the transaction's own, never from `branch_headers`.
+    /// The trace context comes from the transaction's own, never from `branch_headers`;
+    /// so does `Idem-Tenant`, set for a tenant other than the default: a participant that
+    /// several tenants call can keep their gids apart in its barrier.
     fn call_headers(&self, tx: &Transaction) -> std::collections::BTreeMap<String, String> {
         let mut headers = tx.options.branch_headers.clone();
+        headers.retain(|name, _| !name.eq_ignore_ascii_case(TENANT_HEADER));
+        let (tenant, _) = crate::tenant::split_key(&tx.gid);
+        if tenant != crate::tenant::DEFAULT_TENANT {
+            headers.insert(TENANT_HEADER.into(), tenant.to_owned());
+        }
         if tx.trace.is_some() {
             headers.retain(|name, _| {
                 !name.eq_ignore_ascii_case("traceparent")
@@ -466,6 +473,9 @@ impl Engine {
         }
     }
 }
+
+/// The header naming a call's tenant.
+pub const TENANT_HEADER: &str = "idem-tenant";
 
 /// A move into a phase whose calls must not go out before it is stored.
 pub(super) fn is_decision(before: &Transaction, after: &Transaction) -> bool {

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::{Engine, EngineError};
+use crate::core::Status;
 use crate::store::{AttemptRecord, ListFilter, Page, StatusSummary, StoreError, StoredTx};
 
 impl Engine {
@@ -24,6 +25,19 @@ impl Engine {
     /// `limit` is taken as given: the doors check it (`api::validate::check_list_limit`).
     pub async fn list(&self, filter: &ListFilter) -> Result<Page, EngineError> {
         Ok(self.store.list(filter).await?)
+    }
+
+    /// How many of `tenant`'s transactions are not finished (stalled ones included): the
+    /// per-tenant cap's count.
+    pub async fn count_unfinished(&self, tenant: &str) -> Result<u64, EngineError> {
+        let statuses = [
+            Status::Prepared,
+            Status::Running,
+            Status::Committing,
+            Status::Aborting,
+            Status::Stalled,
+        ];
+        Ok(self.store.count(Some(tenant), &statuses).await?)
     }
 
     /// The non-terminal transactions per status, and the oldest's creation time (the

@@ -130,8 +130,20 @@ impl Store for Bounded {
         self.call(self.inner.release_node(token_prefix)).await
     }
 
-    async fn count(&self, statuses: &[Status]) -> Result<u64> {
-        self.call(self.inner.count(statuses)).await
+    async fn count(&self, tenant: Option<&str>, statuses: &[Status]) -> Result<u64> {
+        self.call(self.inner.count(tenant, statuses)).await
+    }
+
+    async fn insert_token(&self, token: &TokenRecord) -> Result<bool> {
+        self.call(self.inner.insert_token(token)).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenRecord>> {
+        self.call(self.inner.tokens()).await
+    }
+
+    async fn revoke_token(&self, id: &str, now: Millis) -> Result<bool> {
+        self.call(self.inner.revoke_token(id, now)).await
     }
 
     async fn active_summary(&self) -> Result<Vec<StatusSummary>> {

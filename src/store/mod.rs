@@ -149,6 +149,8 @@ pub struct StatusSummary {
 /// Filters for [`Store::list`]. Results come newest first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListFilter {
+    /// Only this tenant's transactions; `None`: every tenant's (the operator's direct view).
+    pub tenant: Option<String>,
     /// Any of these statuses; empty means all.
     pub statuses: Vec<Status>,
     pub kind: Option<Kind>,
@@ -157,6 +159,19 @@ pub struct ListFilter {
     /// Continue after this (created_at, gid), as returned in a page's `next`.
     pub after: Option<(Millis, String)>,
     pub limit: u32,
+}
+
+/// An API token as stored: never its secret, only the secret's SHA-256 (hex).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRecord {
+    pub id: String,
+    pub tenant: String,
+    /// `client`, `operator` or `admin`.
+    pub role: String,
+    pub secret_hash: String,
+    pub label: String,
+    pub created_at: Millis,
+    pub revoked_at: Option<Millis>,
 }
 
 /// Rows removed by one batch of [`Store::purge_finished`], by table.
@@ -230,8 +245,17 @@ pub trait Store: Send + Sync + 'static {
     /// and port, ensures it). Returns how many transactions were released.
     async fn release_node(&self, token_prefix: &str) -> Result<u64>;
 
-    /// How many transactions are in any of these statuses.
-    async fn count(&self, statuses: &[Status]) -> Result<u64>;
+    /// How many transactions are in any of these statuses (of one tenant, if given).
+    async fn count(&self, tenant: Option<&str>, statuses: &[Status]) -> Result<u64>;
+
+    /// Stores a new API token; false when a token with its id exists.
+    async fn insert_token(&self, token: &TokenRecord) -> Result<bool>;
+
+    /// Every token, revoked ones included (the authentication cache's refresh).
+    async fn tokens(&self) -> Result<Vec<TokenRecord>>;
+
+    /// Revokes a token; false when no live token has that id.
+    async fn revoke_token(&self, id: &str, now: Millis) -> Result<bool>;
 
     /// Per non-terminal status (stalled included) that has any: how many, and the oldest's
     /// creation time. One grouped read of the status index, for the metrics' sampler.

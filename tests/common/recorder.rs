@@ -24,6 +24,8 @@ pub struct Call {
     /// The W3C trace context the call carried.
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// The `Idem-Tenant` header: set for tenants other than the default.
+    pub tenant: Option<String>,
     /// When the call arrived.
     pub at: std::time::Instant,
 }
@@ -105,6 +107,7 @@ async fn handle(
         agent,
         traceparent,
         tracestate,
+        tenant: header("idem-tenant"),
         at,
     });
     inner.changed.notify_waiters();

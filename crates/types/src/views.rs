@@ -4,6 +4,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Action, BranchStatus, Kind, Millis, Status, TxOptions};
 
+fn default_tenant() -> String {
+    "default".to_owned()
+}
+
 /// A global transaction as `GET /api/v1/transactions/{gid}` (and every answer that returns
 /// one) shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -11,6 +15,9 @@ use crate::{Action, BranchStatus, Kind, Millis, Status, TxOptions};
 pub struct TxView {
     /// The global transaction's id: the client's idempotency key.
     pub gid: String,
+    /// The tenant it belongs to (its gid is unique within it).
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     /// TCC, saga or msg.
     pub kind: Kind,
     /// Where it stands.

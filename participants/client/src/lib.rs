@@ -106,6 +106,17 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
+/// The `Authorization` header of an API token, marked sensitive so that reqwest keeps it
+/// out of its debug output.
+pub fn bearer_headers(token: &str) -> Result<reqwest::header::HeaderMap, Error> {
+    let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|_| Error::InvalidUrl("the API token holds characters a header cannot".into()))?;
+    value.set_sensitive(true);
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    Ok(headers)
+}
+
 /// A client of one coordinator (or of a load balancer in front of several).
 #[derive(Clone, Debug)]
 pub struct Client {
@@ -124,6 +135,19 @@ impl Client {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| Error::Transport(TransportError::of(&e, None)))?;
+        Client::with_http(base_url, http)
+    }
+
+    /// A client of a coordinator that requires API tokens (`idem serve --auth tokens`):
+    /// every request carries `Authorization: Bearer <token>`, and acts in the token's
+    /// tenant with its role.
+    pub fn with_token(base_url: &str, token: &str) -> Result<Client, Error> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .default_headers(bearer_headers(token)?)
             .build()
             .map_err(|e| Error::Transport(TransportError::of(&e, None)))?;
         Client::with_http(base_url, http)

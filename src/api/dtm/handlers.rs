@@ -15,14 +15,17 @@ use super::requests::{AllParams, GidOnly, QueryParams, Trans, parse};
 use super::views::{branch_view, dtm_status, from_dtm_status, global_view};
 use super::{DtmError, DtmResponse, DtmResult, failure, ongoing, success};
 use crate::api::AppState;
+use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::validate::{
     DTM_DEFAULT_LIST_LIMIT, check_id, check_payload, check_reason, check_url, decode_cursor,
     list_limit, parse_body, registration_error,
 };
+use crate::auth::Role;
 use crate::core::{Action, Branch, Kind, SagaStep, Status};
 use crate::engine::{EngineError, NewPrepared, NewSaga};
 use crate::store::{ListFilter, StoredTx};
+use crate::tenant::client_gid;
 
 pub(super) async fn ping() -> Json<Value> {
     Json(json!({"msg": "pong"}))
@@ -38,10 +41,11 @@ pub(super) async fn new_gid() -> Json<Value> {
 
 pub(super) async fn prepare(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
-    let t = parse(body, &app)?;
+    let t = parse_for(&caller, body, &app)?;
     if t.kind == Kind::Saga {
         return Err(ApiError::bad_request(
             "invalid_request",
@@ -49,7 +53,7 @@ pub(super) async fn prepare(
         )
         .into());
     }
-    let outcome = create_prepared(&app, &t, &headers).await?;
+    let outcome = create_prepared(&app, &caller, &t, &headers).await?;
     if outcome.tx.status != Status::Prepared {
         return Ok(failure(format!(
             "current status '{}', cannot prepare",
@@ -63,12 +67,14 @@ pub(super) async fn prepare(
 /// creating request's (see `crate::trace`).
 async fn create_prepared(
     app: &AppState,
+    caller: &Caller,
     t: &Trans,
     headers: &HeaderMap,
 ) -> Result<StoredTx, DtmError> {
     if t.kind == Kind::Msg && t.steps.is_empty() {
         return Err(ApiError::bad_request("empty_steps", "a msg needs at least one step").into());
     }
+    app.admit_create(caller.tenant(), &t.gid).await?;
     let created = app
         .engine
         .create_prepared(NewPrepared {
@@ -91,10 +97,11 @@ async fn create_prepared(
 
 pub(super) async fn submit(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
-    let t = parse(body, &app)?;
+    let t = parse_for(&caller, body, &app)?;
     match t.kind {
         Kind::Saga => {
             if t.steps.is_empty() {
@@ -111,6 +118,7 @@ pub(super) async fn submit(
                     payload: payload.clone(),
                 })
                 .collect();
+            app.admit_create(caller.tenant(), &t.gid).await?;
             app.engine
                 .create_saga(NewSaga {
                     gid: t.gid.clone(),
@@ -126,7 +134,7 @@ pub(super) async fn submit(
         }
         Kind::Msg => {
             // DTM lets a msg be submitted without a prepare; then this creates it.
-            create_prepared(&app, &t, &headers).await?;
+            create_prepared(&app, &caller, &t, &headers).await?;
             app.engine.submit(&t.gid).await?;
         }
     }
@@ -135,9 +143,10 @@ pub(super) async fn submit(
 
 pub(super) async fn abort(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
-    let t = parse(body, &app)?;
+    let t = parse_for(&caller, body, &app)?;
     check_reason("rollback_reason", t.reason.as_deref())?;
     let reason = t
         .reason
@@ -170,8 +179,10 @@ async fn finish(app: &AppState, t: &Trans) -> DtmResult {
 
 pub(super) async fn force_stop(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
+    caller.require(Role::Operator, "forceStop")?;
     let (req, _): (GidOnly, Value) = parse_body(body, None)?;
     let gid = req
         .gid
@@ -182,8 +193,19 @@ pub(super) async fn force_stop(
     let reason = req
         .rollback_reason
         .unwrap_or_else(|| "force-stopped".into());
-    app.engine.force_stop(&gid, &reason).await?;
+    app.engine.force_stop(&caller.key(&gid), &reason).await?;
     Ok(success())
+}
+
+/// A DTM request body, its gid scoped to the caller's tenant.
+fn parse_for(
+    caller: &Caller,
+    body: Result<Bytes, BytesRejection>,
+    app: &AppState,
+) -> Result<Trans, DtmError> {
+    let mut t = parse(body, app)?;
+    t.gid = caller.key(&t.gid);
+    Ok(t)
 }
 
 pub(super) async fn register_xa() -> DtmError {
@@ -195,6 +217,7 @@ pub(super) async fn register_xa() -> DtmError {
 
 pub(super) async fn register_branch(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
     let (fields, _): (BTreeMap<String, Value>, Value) = parse_body(body, None)?;
@@ -244,7 +267,7 @@ pub(super) async fn register_branch(
         Branch::new(&branch_id, Action::Confirm, 0, confirm, &payload, now),
         Branch::new(&branch_id, Action::Cancel, 0, cancel, &payload, now),
     ];
-    match app.engine.register(&gid, branches).await {
+    match app.engine.register(&caller.key(&gid), branches).await {
         Ok(()) => Ok(success()),
         Err(EngineError::NotPrepared(status)) => Ok(failure(format!(
             "no trans with gid: {gid} status: prepared found (it is {})",
@@ -256,6 +279,7 @@ pub(super) async fn register_branch(
 
 pub(super) async fn query(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     params: Result<Query<QueryParams>, QueryRejection>,
 ) -> DtmResult {
     let Query(params) =
@@ -265,7 +289,7 @@ pub(super) async fn query(
         .filter(|g| !g.is_empty())
         .ok_or_else(|| ApiError::bad_request("missing_gid", "no gid specified"))?;
     check_id("gid", "invalid_gid", &gid)?;
-    let Some(stored) = app.engine.find(&gid).await? else {
+    let Some(stored) = app.engine.find(&caller.key(&gid)).await? else {
         return Ok(DtmResponse(
             StatusCode::OK,
             json!({"transaction": null, "branches": []}),
@@ -276,7 +300,7 @@ pub(super) async fn query(
         .branches
         .iter()
         .filter(|b| b.action != Action::QueryPrepared)
-        .map(|b| branch_view(&stored.tx.gid, b))
+        .map(|b| branch_view(&gid, b))
         .collect();
     Ok(DtmResponse(
         StatusCode::OK,
@@ -286,6 +310,7 @@ pub(super) async fn query(
 
 pub(super) async fn all(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     params: Result<Query<AllParams>, QueryRejection>,
 ) -> DtmResult {
     let Query(p) = params.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
@@ -311,10 +336,12 @@ pub(super) async fn all(
         .position
         .filter(|s| !s.is_empty())
         .map(|position| decode_cursor("position", &position))
-        .transpose()?;
+        .transpose()?
+        .map(|(at, gid)| (at, caller.key(&gid)));
     // Refused past the bound like the native door's, not cut to it.
     let limit = list_limit("limit", p.limit, DTM_DEFAULT_LIST_LIMIT)?;
     let filter = ListFilter {
+        tenant: Some(caller.tenant().to_owned()),
         statuses,
         kind,
         created_from: p.create_time_start,
@@ -326,7 +353,7 @@ pub(super) async fn all(
     let transactions: Vec<Value> = page.items.iter().map(global_view).collect();
     let next = page
         .next
-        .map(|(at, gid)| format!("{at}:{gid}"))
+        .map(|(at, key)| format!("{at}:{}", client_gid(&key)))
         .unwrap_or_default();
     Ok(DtmResponse(
         StatusCode::OK,

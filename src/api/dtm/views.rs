@@ -59,7 +59,7 @@ pub(super) fn global_view(stored: &StoredTx) -> Value {
         .find(|b| b.action == Action::QueryPrepared)
         .map(|b| b.url.as_str());
     let mut view = json!({
-        "gid": tx.gid,
+        "gid": crate::tenant::client_gid(&tx.gid),
         "trans_type": tx.kind.as_str(),
         "status": dtm_status(tx.status),
         "protocol": "http",

@@ -18,11 +18,13 @@ use super::requests::{
 };
 use super::views::{PageView, RegisterView, TryView, TxView, page_view, tx_view};
 use crate::api::AppState;
+use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::validate::{
     DEFAULT_LIST_LIMIT, check_id, check_reason, check_url, decode_cursor, list_limit, parse_body,
     registration_error,
 };
+use crate::auth::Role;
 use crate::core::{Action, Branch, CallOutcome, Kind, Status};
 use crate::engine::{NewPrepared, NewSaga};
 use crate::store::ListFilter;
@@ -43,24 +45,35 @@ use crate::store::ListFilter;
 )]
 pub(super) async fn create(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let defaults = &app.engine.config().defaults;
     let checked = check_create(body, defaults, app.max_branches, app.engine.now())?;
+    let key = caller.key(&checked.gid);
+    app.admit_create(caller.tenant(), &key).await?;
     let trace = crate::trace::from_headers(&headers);
     let outcome = match checked.new {
-        NewTransaction::Saga(saga) => app.engine.create_saga(NewSaga { trace, ..saga }).await?,
-        NewTransaction::Prepared(prepared) => {
+        NewTransaction::Saga(saga) => {
+            let gid = key.clone();
             app.engine
-                .create_prepared(NewPrepared { trace, ..prepared })
+                .create_saga(NewSaga { gid, trace, ..saga })
+                .await?
+        }
+        NewTransaction::Prepared(prepared) => {
+            let gid = key.clone();
+            app.engine
+                .create_prepared(NewPrepared {
+                    gid,
+                    trace,
+                    ..prepared
+                })
                 .await?
         }
     };
     let stored = if checked.wait_result && checked.kind == Kind::Saga {
-        app.engine
-            .wait_settled(&checked.gid, app.wait_timeout)
-            .await?
+        app.engine.wait_settled(&key, app.wait_timeout).await?
     } else {
         outcome.stored
     };
@@ -88,10 +101,12 @@ pub(super) async fn create(
 )]
 pub(super) async fn register(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     check_id("gid", "invalid_gid", &gid)?;
+    let key = caller.key(&gid);
     let (req, _): (RegisterRequest, Value) = parse_body(body, None)?;
     let spec = BranchSpec {
         branch_id: req.branch_id.clone(),
@@ -114,7 +129,7 @@ pub(super) async fn register(
         ));
     }
     app.engine
-        .register(&gid, branches)
+        .register(&key, branches)
         .await
         .map_err(registration_error)?;
     let Some(_) = req.try_url else {
@@ -126,7 +141,7 @@ pub(super) async fn register(
         };
         return Ok((StatusCode::OK, Json(view)).into_response());
     };
-    let (outcome, _) = app.engine.call_try(&gid, &req.branch_id).await?;
+    let (outcome, _) = app.engine.call_try(&key, &req.branch_id).await?;
     let (status, code) = match &outcome {
         CallOutcome::Success => (StatusCode::OK, None),
         CallOutcome::Failure(_) => (StatusCode::CONFLICT, Some("try_failed")),
@@ -160,11 +175,18 @@ enum Operation {
 
 async fn operate(
     app: &AppState,
+    caller: Caller,
     gid: String,
     body: Result<Bytes, BytesRejection>,
     operation: Operation,
 ) -> Result<Json<TxView>, ApiError> {
+    match operation {
+        Operation::Retry => caller.require(Role::Operator, "retry")?,
+        Operation::ForceStop => caller.require(Role::Operator, "force-stop")?,
+        Operation::Submit | Operation::Abort => {}
+    }
     check_id("gid", "invalid_gid", &gid)?;
+    let gid = caller.key(&gid);
     let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
     check_reason("reason", req.reason.as_deref())?;
     let reason = |default: &str| req.reason.clone().unwrap_or_else(|| default.into());
@@ -200,10 +222,11 @@ async fn operate(
 )]
 pub(super) async fn submit(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TxView>, ApiError> {
-    operate(&app, gid, body, Operation::Submit).await
+    operate(&app, caller, gid, body, Operation::Submit).await
 }
 
 #[utoipa::path(
@@ -218,10 +241,11 @@ pub(super) async fn submit(
 )]
 pub(super) async fn abort(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TxView>, ApiError> {
-    operate(&app, gid, body, Operation::Abort).await
+    operate(&app, caller, gid, body, Operation::Abort).await
 }
 
 #[utoipa::path(
@@ -236,10 +260,11 @@ pub(super) async fn abort(
 )]
 pub(super) async fn retry(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TxView>, ApiError> {
-    operate(&app, gid, body, Operation::Retry).await
+    operate(&app, caller, gid, body, Operation::Retry).await
 }
 
 #[utoipa::path(
@@ -254,10 +279,11 @@ pub(super) async fn retry(
 )]
 pub(super) async fn force_stop(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     Path(gid): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TxView>, ApiError> {
-    operate(&app, gid, body, Operation::ForceStop).await
+    operate(&app, caller, gid, body, Operation::ForceStop).await
 }
 
 #[utoipa::path(
@@ -270,9 +296,11 @@ pub(super) async fn force_stop(
 )]
 pub(super) async fn show(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     Path(gid): Path<String>,
 ) -> Result<Json<TxView>, ApiError> {
     check_id("gid", "invalid_gid", &gid)?;
+    let gid = caller.key(&gid);
     let stored = app.engine.load(&gid).await?;
     let history = app.engine.history(&gid).await?;
     Ok(Json(tx_view(&stored, Some(history))))
@@ -288,6 +316,7 @@ pub(super) async fn show(
 )]
 pub(super) async fn list(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<PageView>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
@@ -301,9 +330,14 @@ pub(super) async fn list(
         .map(|s| s.parse::<Kind>())
         .transpose()
         .map_err(|e| ApiError::bad_request("invalid_query", e.to_string()))?;
-    let after = q.cursor.map(|c| decode_cursor("cursor", &c)).transpose()?;
+    let after = q
+        .cursor
+        .map(|c| decode_cursor("cursor", &c))
+        .transpose()?
+        .map(|(at, gid)| (at, caller.key(&gid)));
     let limit = list_limit("limit", q.limit, DEFAULT_LIST_LIMIT)?;
     let filter = ListFilter {
+        tenant: Some(caller.tenant().to_owned()),
         statuses: status.into_iter().collect(),
         kind,
         created_from: q.created_from,

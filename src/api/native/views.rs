@@ -6,20 +6,27 @@ pub use idem_types::{BranchView, PageView, TxView};
 
 use crate::core::Transaction;
 use crate::store::{AttemptRecord, Page, StoredTx};
+use crate::tenant::{client_gid, split_key};
 
 /// A page of the list as the API answers it; `idem tx list --database-url` prints the same.
 pub fn page_view(page: &Page) -> PageView {
     PageView {
         transactions: page.items.iter().map(|s| tx_view(s, None)).collect(),
-        next_cursor: page.next.as_ref().map(|(at, gid)| format!("{at}:{gid}")),
+        // The client's gid: the handler scopes it again to its caller's tenant.
+        next_cursor: page
+            .next
+            .as_ref()
+            .map(|(at, key)| format!("{at}:{}", client_gid(key))),
     }
 }
 
 /// A stored transaction as the API shows it, with its history of calls when given.
 pub fn tx_view(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView {
     let tx: &Transaction = &stored.tx;
+    let (tenant, gid) = split_key(&tx.gid);
     TxView {
-        gid: tx.gid.clone(),
+        gid: gid.to_owned(),
+        tenant: tenant.to_owned(),
         kind: tx.kind,
         status: tx.status,
         stalled_from: tx.stalled_from,

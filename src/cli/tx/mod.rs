@@ -37,6 +37,15 @@ pub struct TargetArgs {
     /// IDEM_DATABASE_URL.
     #[arg(long, value_name = "URL", conflicts_with = "server")]
     pub database_url: Option<String>,
+    /// The API token to present to a coordinator that requires tokens (`idem token
+    /// issue`); commands act in its tenant with its role.
+    #[arg(
+        long,
+        env = "IDEM_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "database_url"
+    )]
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -171,7 +180,9 @@ impl Target {
             let _ = writeln!(std::io::stderr(), "idem: note: {note}");
         }
         Ok(match destination {
-            Destination::Server(url) => Target::Server(Box::new(remote::Remote::new(&url)?)),
+            Destination::Server(url) => {
+                Target::Server(Box::new(remote::Remote::new(&url, args.token.as_deref())?))
+            }
             Destination::Database(url) => Target::Database(direct::Direct::open(&url).await?),
         })
     }

@@ -26,6 +26,7 @@ mod retention;
 mod rows;
 mod statements;
 mod store_impl;
+mod tokens;
 mod writes;
 
 pub use rows::{BranchRow, GlobalRow};

@@ -12,7 +12,7 @@ use super::{SqlStore, StoreDatabase, q, saved_if};
 use crate::core::{self, Branch, Millis, Status, Transaction};
 use crate::store::{
     AttemptRecord, Claimed, Created, Lease, ListFilter, Page, Purged, Registered, Result, Save,
-    Saved, StatusSummary, Store, StoreError, StoredTx,
+    Saved, StatusSummary, Store, StoreError, StoredTx, TokenRecord,
 };
 
 // The bounds below say "the generic code can run these statements and decode these rows
@@ -198,10 +198,15 @@ where
         Ok(DB::rows_affected(&done))
     }
 
-    async fn count(&self, statuses: &[Status]) -> Result<u64> {
+    async fn count(&self, tenant: Option<&str>, statuses: &[Status]) -> Result<u64> {
         let marks = vec!["?"; statuses.len().max(1)].join(", ");
+        let in_tenant = if tenant.is_some() {
+            " AND tenant = ?"
+        } else {
+            ""
+        };
         let sql = self.sql.dynamic(&format!(
-            "SELECT count(*) FROM idem_global WHERE status IN ({marks})"
+            "SELECT count(*) FROM idem_global WHERE status IN ({marks}){in_tenant}"
         ));
         let mut query = sqlx::query_scalar::<DB, i64>(sqlx::AssertSqlSafe(sql));
         for s in statuses {
@@ -210,7 +215,22 @@ where
         if statuses.is_empty() {
             query = query.bind("");
         }
+        if let Some(tenant) = tenant {
+            query = query.bind(tenant);
+        }
         Ok(query.fetch_one(&self.pool).await? as u64)
+    }
+
+    async fn insert_token(&self, token: &TokenRecord) -> Result<bool> {
+        self.insert_token_row(token).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenRecord>> {
+        self.token_rows().await
+    }
+
+    async fn revoke_token(&self, id: &str, now: Millis) -> Result<bool> {
+        self.revoke_token_row(id, now).await
     }
 
     async fn active_summary(&self) -> Result<Vec<StatusSummary>> {
@@ -259,6 +279,9 @@ where
 
     async fn list(&self, filter: &ListFilter) -> Result<Page> {
         let mut sql = format!("SELECT {GLOBAL_COLUMNS} FROM idem_global WHERE 1 = 1");
+        if filter.tenant.is_some() {
+            sql.push_str(" AND tenant = ?");
+        }
         if !filter.statuses.is_empty() {
             let marks = vec!["?"; filter.statuses.len()].join(", ");
             sql.push_str(&format!(" AND status IN ({marks})"));
@@ -279,6 +302,9 @@ where
         let sql = self.sql.dynamic(&sql);
         let limit = filter.limit.clamp(1, 1_000);
         let mut query = sqlx::query_as::<DB, GlobalRow>(sqlx::AssertSqlSafe(sql));
+        if let Some(tenant) = &filter.tenant {
+            query = query.bind(tenant.as_str());
+        }
         for status in &filter.statuses {
             query = query.bind(status.as_str());
         }

@@ -1,0 +1,168 @@
+//! Authentication before anything else: the layer below verifies the caller's token in
+//! memory (no database round trip; see [`crate::auth::cache`]) and puts its
+//! [`Principal`] on the request; handlers take it as a [`Caller`] and check its role before
+//! they reach the engine. A refused request touches nothing.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use crate::auth::cache::{Refusal, TokenCache};
+use crate::auth::{AuthConfig, AuthMode, Principal, Role};
+use crate::tenant::scoped_key;
+
+/// The authentication layer's settings and its token cache (`None` without tokens).
+pub struct Auth {
+    pub config: AuthConfig,
+    pub cache: Option<Arc<TokenCache>>,
+}
+
+impl Auth {
+    /// No tokens: every caller is [`Principal::anonymous`].
+    pub fn off() -> Arc<Auth> {
+        Arc::new(Auth {
+            config: AuthConfig::default(),
+            cache: None,
+        })
+    }
+}
+
+/// What a route asks of its caller before the handler runs.
+enum Gate {
+    Open,
+    /// A valid token of at least this role.
+    Token(Role),
+}
+
+fn gate(config: &AuthConfig, path: &str) -> Gate {
+    match path {
+        "/health/live" | "/api/v1/openapi.json" => Gate::Open,
+        "/health" | "/health/ready" if !config.protect_readiness => Gate::Open,
+        "/metrics" if !config.protect_metrics => Gate::Open,
+        "/health" | "/health/ready" | "/metrics" => Gate::Token(Role::Operator),
+        // Each handler checks the role its operation needs.
+        _ => Gate::Token(Role::Client),
+    }
+}
+
+pub async fn authenticate(
+    State(auth): State<Arc<Auth>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let principal = match (&auth.config.mode, &auth.cache) {
+        (AuthMode::Tokens, Some(cache)) => match gate(&auth.config, request.uri().path()) {
+            Gate::Open => None,
+            Gate::Token(role) => {
+                match principal_of(&auth.config, cache, request.headers(), request.uri().path())
+                    .await
+                {
+                    Ok(p) if p.role >= role => Some(p),
+                    Ok(p) => return forbidden(&p, "this route").into_response(),
+                    Err(refusal) => return unauthorized(refusal),
+                }
+            }
+        },
+        _ => Some(Principal::anonymous()),
+    };
+    if let Some(principal) = principal {
+        request.extensions_mut().insert(principal);
+    }
+    next.run(request).await
+}
+
+async fn principal_of(
+    config: &AuthConfig,
+    cache: &TokenCache,
+    headers: &HeaderMap,
+    path: &str,
+) -> Result<Principal, Refusal> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        // DTM's clients send no token: its door can be given a tenant instead.
+        return match &config.dtm_tenant {
+            Some(tenant) if path.starts_with("/api/dtmsvr/") => Ok(Principal {
+                tenant: tenant.clone(),
+                role: Role::Client,
+                token_id: None,
+            }),
+            _ => Err(Refusal::Missing),
+        };
+    };
+    let bearer = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or(Refusal::Malformed)?
+        .trim()
+        .to_owned();
+    cache.verify(&bearer).await
+}
+
+fn unauthorized(refusal: Refusal) -> Response {
+    let mut response =
+        ApiError::new(StatusCode::UNAUTHORIZED, refusal.code(), refusal.message()).into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    response
+}
+
+fn forbidden(principal: &Principal, what: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!("a {} token may not use {what}", principal.role),
+    )
+}
+
+/// The authenticated caller of a handler.
+#[derive(Clone, Debug)]
+pub struct Caller(pub Principal);
+
+impl Caller {
+    /// Refuses (403 `forbidden`) a caller whose role is below `role`.
+    pub fn require(&self, role: Role, what: &str) -> Result<(), ApiError> {
+        if self.0.role >= role {
+            Ok(())
+        } else {
+            Err(forbidden(&self.0, what))
+        }
+    }
+
+    pub fn tenant(&self) -> &str {
+        &self.0.tenant
+    }
+
+    /// The storage key of the caller's `gid`.
+    pub fn key(&self, gid: &str) -> String {
+        scoped_key(&self.0.tenant, gid)
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Caller, ApiError> {
+        // The layer puts a principal on every request it lets through to a handler that
+        // asks for one; none means the router was built without it, which must not grant
+        // anything.
+        parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .map(Caller)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the request was not authenticated",
+                )
+            })
+    }
+}
