@@ -556,3 +556,82 @@ async fn drop_token_table(db: &TestDatabase) {
         }
     }
 }
+
+#[tokio::test]
+async fn an_admin_manages_its_tenants_tokens_through_the_api() {
+    for db in testing::all("auth_token_api").await {
+        let name = db.name().to_owned();
+        // A long refresh: what holds below holds because this coordinator made the change.
+        let s = Setup::new(db, |a| a.refresh = Duration::from_secs(3_600)).await;
+        let admin = s.token("acme", Role::Admin).await;
+        let other_admin = s.token("globex", Role::Admin).await;
+        let (status, issued) = post(
+            &s,
+            "/api/v1/tokens",
+            Some(&admin),
+            json!({"role": "client", "label": "ci"}),
+        )
+        .await;
+        assert_eq!(status, 201, "{name}: {issued}");
+        assert_eq!(
+            (issued["tenant"].as_str(), issued["role"].as_str()),
+            (Some("acme"), Some("client"))
+        );
+        let client = issued["token"].as_str().unwrap().to_owned();
+        let id = issued["id"].as_str().unwrap().to_owned();
+        // Works at once, and is not an admin.
+        assert_eq!(
+            get(&s, "/api/v1/transactions", Some(&client)).await.0,
+            200,
+            "{name}"
+        );
+        let (status, answer) = get(&s, "/api/v1/tokens", Some(&client)).await;
+        assert_eq!((status, code(&answer)), (403, "forbidden"), "{name}");
+        let (status, answer) =
+            post(&s, "/api/v1/tokens", Some(&admin), json!({"role": "root"})).await;
+        assert_eq!((status, code(&answer)), (400, "invalid_role"), "{name}");
+        // Listed without secrets, only to its own tenant's admin.
+        let (_, listed) = get(&s, "/api/v1/tokens", Some(&admin)).await;
+        let ids: Vec<&str> = listed["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_str().unwrap())
+            .collect();
+        assert!(ids.contains(&id.as_str()), "{name}: {listed}");
+        assert!(
+            !listed
+                .to_string()
+                .contains(client.rsplit('_').next().unwrap()),
+            "{name}: a secret was listed"
+        );
+        let (_, theirs) = get(&s, "/api/v1/tokens", Some(&other_admin)).await;
+        assert!(
+            !theirs.to_string().contains(&id),
+            "{name}: globex saw acme's token"
+        );
+        // Another tenant's admin cannot revoke it; its own can, and it stops at once.
+        let revoke = format!("/api/v1/tokens/{id}/revoke");
+        assert_eq!(
+            post(&s, &revoke, Some(&other_admin), json!({})).await.0,
+            404,
+            "{name}"
+        );
+        assert_eq!(
+            get(&s, "/api/v1/transactions", Some(&client)).await.0,
+            200,
+            "{name}"
+        );
+        let (status, revoked) = post(&s, &revoke, Some(&admin), json!({})).await;
+        assert_eq!(status, 200, "{name}: {revoked}");
+        assert!(revoked["revoked_at"].is_i64(), "{name}");
+        let (status, answer) = get(&s, "/api/v1/transactions", Some(&client)).await;
+        assert_eq!((status, code(&answer)), (401, "token_revoked"), "{name}");
+        assert_eq!(
+            post(&s, &revoke, Some(&admin), json!({})).await.0,
+            404,
+            "{name}: revoked twice"
+        );
+        s.finish().await;
+    }
+}

@@ -15,7 +15,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Every native route, as `routes()` registers it. A route added without a
 /// `#[utoipa::path]` is not in the spec, and this list (and the spec) must both name it.
-const ROUTES: [(&str, &str); 9] = [
+const ROUTES: [(&str, &str); 12] = [
     ("post", "/api/v1/transactions"),
     ("get", "/api/v1/transactions"),
     ("get", "/api/v1/transactions/{gid}"),
@@ -24,6 +24,9 @@ const ROUTES: [(&str, &str); 9] = [
     ("post", "/api/v1/transactions/{gid}/abort"),
     ("post", "/api/v1/transactions/{gid}/retry"),
     ("post", "/api/v1/transactions/{gid}/force-stop"),
+    ("post", "/api/v1/tokens"),
+    ("get", "/api/v1/tokens"),
+    ("post", "/api/v1/tokens/{id}/revoke"),
     ("get", "/api/v1/openapi.json"),
 ];
 

@@ -23,6 +23,16 @@ pub struct Auth {
 }
 
 impl Auth {
+    /// Reads the tokens again after this coordinator changed them, so its change holds here
+    /// at once; a failed read leaves it to the next refresh.
+    pub async fn refreshed(&self) {
+        if let Some(cache) = &self.cache
+            && let Err(e) = cache.refresh().await
+        {
+            tracing::warn!(error = %e, "could not read the API tokens again after a change");
+        }
+    }
+
     /// No tokens: every caller is [`Principal::anonymous`].
     pub fn off() -> Arc<Auth> {
         Arc::new(Auth {

@@ -34,6 +34,20 @@ const BODY: [&str; 2] = ["invalid_json", "invalid_body"];
 /// A database that is down or refuses the statement (docs/api.md, *Error codes*).
 const DATABASE: [(u16, &[&str]); 2] = [(503, &["unavailable", "contention"]), (500, &["internal"])];
 
+/// What every operation but the description itself can answer when tokens are required.
+const AUTH: [(u16, &[&str]); 2] = [
+    (
+        401,
+        &[
+            "token_missing",
+            "token_malformed",
+            "token_invalid",
+            "token_revoked",
+        ],
+    ),
+    (403, &["forbidden"]),
+];
+
 /// Per operation id: each error status it can answer and the codes under it.
 pub const ERRORS: &[(&str, Statuses)] = &[
     (
@@ -59,6 +73,7 @@ pub const ERRORS: &[(&str, Statuses)] = &[
             ),
             (409, &["gid_conflict"]),
             (413, &["payload_too_large"]),
+            (429, &["tenant_active_limit"]),
         ],
     ),
     ("list", &[(400, &["invalid_query"])]),
@@ -98,6 +113,20 @@ pub const ERRORS: &[(&str, Statuses)] = &[
     ("abort", OPERATE),
     ("retry", OPERATE),
     ("force_stop", OPERATE),
+    (
+        "issue_token",
+        &[(
+            400,
+            &[
+                "invalid_json",
+                "invalid_body",
+                "invalid_role",
+                "invalid_text",
+            ],
+        )],
+    ),
+    ("list_tokens", &[]),
+    ("revoke_token", &[(404, &["not_found"])]),
 ];
 
 const OPERATE: Statuses = &[
@@ -135,6 +164,9 @@ pub fn spec() -> Value {
     add_option_ranges(&mut spec);
     add_id_and_url_rules(&mut spec);
     add_links(&mut spec);
+    // Optional: a coordinator without `--auth tokens` takes requests without one.
+    spec["components"]["securitySchemes"] = json!({"bearer": {"type": "http", "scheme": "bearer"}});
+    spec["security"] = json!([{}, {"bearer": []}]);
     spec
 }
 
@@ -145,7 +177,9 @@ fn add_links(spec: &mut Value) {
     let links: serde_json::Map<String, Value> = ERRORS
         .iter()
         .map(|(id, _)| *id)
-        .filter(|id| !matches!(*id, "create" | "list"))
+        .filter(|id| {
+            !matches!(*id, "create" | "list") && !id.ends_with("_token") && *id != "list_tokens"
+        })
         .map(|id| (id.to_owned(), json!({"operationId": id, "parameters": gid})))
         .collect();
     let create = &mut spec["paths"]["/api/v1/transactions"]["post"]["responses"];
@@ -171,7 +205,7 @@ pub async fn serve() -> impl IntoResponse {
 pub fn all_codes() -> Vec<&'static str> {
     let mut codes: Vec<&str> = ERRORS
         .iter()
-        .flat_map(|(_, statuses)| statuses.iter().chain(DATABASE.iter()))
+        .flat_map(|(_, statuses)| statuses.iter().chain(DATABASE.iter()).chain(AUTH.iter()))
         .flat_map(|(_, codes)| codes.iter().copied())
         .chain(BODY)
         .collect();
@@ -202,7 +236,7 @@ fn add_errors(spec: &mut Value) {
         if ["submit", "abort", "retry", "force_stop"].contains(&id.as_str()) {
             operation["requestBody"]["required"] = json!(false);
         }
-        for (status, codes) in statuses.iter().chain(DATABASE.iter()) {
+        for (status, codes) in statuses.iter().chain(DATABASE.iter()).chain(AUTH.iter()) {
             let list = codes
                 .iter()
                 .map(|c| format!("`{c}`"))

@@ -40,6 +40,30 @@ impl Engine {
         Ok(self.store.count(Some(tenant), &statuses).await?)
     }
 
+    /// Every API token as stored (hashes, never secrets).
+    pub async fn tokens(&self) -> Result<Vec<crate::store::TokenRecord>, EngineError> {
+        Ok(self.store.tokens().await?)
+    }
+
+    /// Issues an API token (see [`crate::auth::tokens::issue`]).
+    pub async fn issue_token(
+        &self,
+        tenant: &str,
+        role: crate::auth::Role,
+        label: &str,
+    ) -> Result<crate::auth::tokens::Issued, crate::auth::tokens::IssueError> {
+        crate::auth::tokens::issue(self.store.as_ref(), tenant, role, label, self.now()).await
+    }
+
+    /// Revokes a token; false when no live token has that id.
+    pub async fn revoke_token(
+        &self,
+        id: &str,
+        now: crate::core::Millis,
+    ) -> Result<bool, EngineError> {
+        Ok(self.store.revoke_token(id, now).await?)
+    }
+
     /// The non-terminal transactions per status, and the oldest's creation time (the
     /// metrics' sampler).
     pub async fn active_summary(&self) -> Result<Vec<StatusSummary>, StoreError> {

@@ -14,6 +14,7 @@ use super::AppState;
 
 mod handlers;
 mod requests;
+mod tokens;
 mod views;
 
 pub use requests::{CheckedCreate, NewTransaction, OptionsRequest, check_create};
@@ -30,6 +31,8 @@ pub fn api() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(handlers::abort))
         .routes(routes!(handlers::retry))
         .routes(routes!(handlers::force_stop))
+        .routes(routes!(tokens::issue_token, tokens::list_tokens))
+        .routes(routes!(tokens::revoke_token))
         .routes(routes!(super::openapi::serve))
 }
 
