@@ -44,6 +44,10 @@ pub struct ServerConfig {
     pub metrics_sample_interval: Duration,
     /// The key that signs every branch call; `None`: calls go unsigned.
     pub signing_key: Option<idem_signing::Key>,
+    /// Bytes of one branch's payload, at most (`400 payload_too_large` past it).
+    pub max_branch_payload_bytes: usize,
+    /// Requests per second and tenant through the API (`429 rate_limited` past it).
+    pub rate_limit: api::rate_limit::RateLimitConfig,
 }
 
 impl ServerConfig {
@@ -63,6 +67,8 @@ impl ServerConfig {
             retention: crate::retention::RetentionConfig::default(),
             metrics_sample_interval: crate::metrics::sampler::DEFAULT_INTERVAL,
             signing_key: None,
+            max_branch_payload_bytes: api::validate::DEFAULT_MAX_BRANCH_PAYLOAD_BYTES,
+            rate_limit: api::rate_limit::RateLimitConfig::default(),
         }
     }
 }
@@ -153,7 +159,11 @@ pub async fn start_with(
     let state = Arc::new(AppState {
         engine: Arc::clone(&engine),
         wait_timeout: config.wait_timeout,
-        max_branches: config.connect.max_branches,
+        limits: api::validate::Limits {
+            max_branches: config.connect.max_branches,
+            max_payload_bytes: config.max_branch_payload_bytes,
+        },
+        rate_limit: api::rate_limit::TenantRateLimit::new(config.rate_limit),
     });
     let app = api::router(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

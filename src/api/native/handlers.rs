@@ -47,7 +47,7 @@ pub(super) async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let defaults = &app.engine.config().defaults;
-    let checked = check_create(body, defaults, app.max_branches, app.engine.now())?;
+    let checked = check_create(body, defaults, &app.limits, app.engine.now())?;
     let trace = crate::trace::from_headers(&headers);
     let outcome = match checked.new {
         NewTransaction::Saga(saga) => app.engine.create_saga(NewSaga { trace, ..saga }).await?,
@@ -100,7 +100,7 @@ pub(super) async fn register(
         payload: req.payload,
     };
     let now = app.engine.now();
-    let mut branches = spec.operations(now)?.to_vec();
+    let mut branches = spec.operations("", &app.limits, now)?.to_vec();
     if let Some(url) = &req.try_url {
         check_url("try", url)?;
         let payload = payload_text(&spec.payload);
