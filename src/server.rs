@@ -163,7 +163,7 @@ pub async fn start_with(
             max_branches: config.connect.max_branches,
             max_payload_bytes: config.max_branch_payload_bytes,
         },
-        rate_limit: api::rate_limit::TenantRateLimit::new(config.rate_limit),
+        rate_limit: api::rate_limit::TenantRateLimit::new(config.rate_limit).map(Arc::new),
     });
     let app = api::router(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -30,7 +30,7 @@ pub struct AppState {
     /// one's payload.
     pub limits: validate::Limits,
     /// The per-tenant request rate; `None`: no limit.
-    pub rate_limit: Option<rate_limit::TenantRateLimit>,
+    pub rate_limit: Option<Arc<rate_limit::TenantRateLimit>>,
 }
 
 /// Request bodies larger than this are refused with 413.
@@ -43,14 +43,13 @@ pub const READY_TIMEOUT: Duration = Duration::from_millis(1_500);
 /// `/metrics` or the OpenAPI document (see `rate_limit`); an authentication layer that puts
 /// the `Principal` on a request must wrap it (a layer added here, after it).
 pub fn router(state: Arc<AppState>) -> Router {
-    let native = native::routes().route_layer(middleware::from_fn_with_state(
-        Arc::clone(&state),
-        rate_limit::native,
-    ));
-    let dtm = dtm::routes().route_layer(middleware::from_fn_with_state(
-        Arc::clone(&state),
-        rate_limit::dtm,
-    ));
+    let (mut native, mut dtm) = (native::routes(), dtm::routes());
+    if let Some(limit) = &state.rate_limit {
+        let native_limit = middleware::from_fn_with_state(Arc::clone(limit), rate_limit::native);
+        native = native.route_layer(native_limit);
+        let dtm_limit = middleware::from_fn_with_state(Arc::clone(limit), rate_limit::dtm);
+        dtm = dtm.route_layer(dtm_limit);
+    }
     Router::new()
         // A load balancer should ask `ready`; `/health` is the same check, so one that
         // was pointed at `/health` before these existed stops routing to an instance whose

@@ -25,7 +25,6 @@ use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 
-use super::AppState;
 use super::dtm::DtmError;
 use super::error::ApiError;
 use crate::auth::Principal;
@@ -123,20 +122,30 @@ enum Door {
 }
 
 /// The middleware of the native door's transaction routes.
-pub async fn native(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    limit(&app, Door::Native, request, next).await
+pub async fn native<C: Clock + Clone>(
+    State(limit): State<Arc<TenantRateLimit<C>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    check(&limit, Door::Native, request, next).await
 }
 
 /// The middleware of the DTM door's routes: the refusal in DTM's envelope (no
 /// `dtm_result`, which a DTM client would read as the transaction's outcome).
-pub async fn dtm(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    limit(&app, Door::Dtm, request, next).await
+pub async fn dtm<C: Clock + Clone>(
+    State(limit): State<Arc<TenantRateLimit<C>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    check(&limit, Door::Dtm, request, next).await
 }
 
-async fn limit(app: &AppState, door: Door, request: Request, next: Next) -> Response {
-    let Some(limit) = &app.rate_limit else {
-        return next.run(request).await;
-    };
+async fn check<C: Clock + Clone>(
+    limit: &TenantRateLimit<C>,
+    door: Door,
+    request: Request,
+    next: Next,
+) -> Response {
     let tenant = request
         .extensions()
         .get::<Principal>()
@@ -158,9 +167,15 @@ async fn limit(app: &AppState, door: Door, request: Request, next: Next) -> Resp
 
 #[cfg(test)]
 mod tests {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::routing::get;
     use governor::clock::FakeRelativeClock;
+    use serde_json::Value;
+    use tower::ServiceExt;
 
     use super::*;
+    use crate::auth::Role;
 
     fn limit(
         per_second: u32,
@@ -245,5 +260,102 @@ mod tests {
         clock.advance(Duration::from_secs(1));
         assert_eq!(limit.check("last"), Ok(()));
         assert_eq!(limit.tenants_held(), 1, "only the tenant just counted");
+    }
+
+    /// Both doors behind the limit on a fake clock, with a stand-in for the authentication
+    /// layer outside it that puts the `x-tenant` header's tenant on the request.
+    fn app(limit: &Arc<TenantRateLimit<FakeRelativeClock>>) -> Router {
+        async fn principal(mut request: Request, next: Next) -> Response {
+            let tenant = request
+                .headers()
+                .get("x-tenant")
+                .map(|t| t.to_str().unwrap().to_owned());
+            if let Some(tenant) = tenant {
+                request.extensions_mut().insert(Principal {
+                    tenant,
+                    role: Role::Client,
+                    token_id: Some("t1".into()),
+                });
+            }
+            next.run(request).await
+        }
+        let native_limit = axum::middleware::from_fn_with_state(Arc::clone(limit), native);
+        let dtm_limit = axum::middleware::from_fn_with_state(Arc::clone(limit), dtm);
+        Router::new()
+            .merge(
+                Router::new()
+                    .route("/api/v1/x", get(|| async { "ok" }))
+                    .route_layer(native_limit),
+            )
+            .merge(
+                Router::new()
+                    .route("/api/dtmsvr/y", get(|| async { "ok" }))
+                    .route_layer(dtm_limit),
+            )
+            .layer(axum::middleware::from_fn(principal))
+    }
+
+    async fn call(app: &Router, path: &str, tenant: Option<&str>) -> (u16, Option<String>, Value) {
+        let mut request = axum::http::Request::get(path);
+        if let Some(t) = tenant {
+            request = request.header("x-tenant", t);
+        }
+        let response = app
+            .clone()
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        (status, retry_after, body)
+    }
+
+    #[tokio::test]
+    async fn the_middleware_keys_by_the_principals_tenant_and_answers_each_doors_error_body() {
+        let clock = FakeRelativeClock::default();
+        let config = RateLimitConfig {
+            per_second: 1,
+            burst: 2,
+        };
+        let limit = Arc::new(TenantRateLimit::with_clock(config, clock.clone()).unwrap());
+        let app = app(&limit);
+
+        // No principal: the default tenant. Both doors count against one quota.
+        assert_eq!(call(&app, "/api/v1/x", None).await.0, 200);
+        assert_eq!(call(&app, "/api/dtmsvr/y", None).await.0, 200);
+        let (status, retry_after, body) = call(&app, "/api/v1/x", None).await;
+        assert_eq!((status, retry_after.as_deref()), (429, Some("1")), "{body}");
+        assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("\"default\""),
+            "{body}"
+        );
+        let (status, retry_after, body) = call(&app, "/api/dtmsvr/y", None).await;
+        assert_eq!((status, retry_after.as_deref()), (429, Some("1")), "{body}");
+        assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+        assert!(body.get("dtm_result").is_none(), "{body}");
+        assert!(body["message"].is_string(), "DTM's envelope: {body}");
+
+        // Another tenant has its own quota; the default tenant's is a tenant named so.
+        assert_eq!(call(&app, "/api/v1/x", Some("acme")).await.0, 200);
+        assert_eq!(call(&app, "/api/v1/x", Some("acme")).await.0, 200);
+        assert_eq!(call(&app, "/api/v1/x", Some("acme")).await.0, 429);
+        assert_eq!(call(&app, "/api/v1/x", Some(DEFAULT_TENANT)).await.0, 429);
+
+        // A second later one request of each has refilled, and only one.
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(call(&app, "/api/v1/x", None).await.0, 200);
+        assert_eq!(call(&app, "/api/dtmsvr/y", None).await.0, 429);
+        assert_eq!(call(&app, "/api/dtmsvr/y", Some("acme")).await.0, 200);
     }
 }
