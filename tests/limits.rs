@@ -8,7 +8,8 @@
 //!   only, since the limit is decided before a request reaches the engine or the database
 //!   (`429 rate_limited`, `Retry-After`, nothing stored). The refill is tested on a fake
 //!   clock in `src/api/rate_limit.rs`; here the rate is one per second, so the last of a
-//!   handful of back-to-back requests is refused unless they took a second.
+//!   handful of back-to-back requests is refused unless they took a second;
+//! - both set through a real `idem serve`'s environment.
 
 mod common;
 
@@ -389,5 +390,35 @@ async fn without_a_rate_limit_nothing_is_refused() {
         assert_eq!(r.status(), 200);
     }
     server.stop().await.unwrap();
+    db.drop_database().await;
+}
+
+/// The flags reach the coordinator: a real `idem serve` with both limits set through its
+/// environment, as an operator would.
+#[tokio::test]
+async fn idem_serve_takes_both_limits_from_its_flags() {
+    let Some(db) = TestDatabase::create(Backend::Sqlite, "limits_flags").await else {
+        return;
+    };
+    let env = [
+        ("IDEM_MAX_BRANCH_PAYLOAD_BYTES", "10"),
+        ("IDEM_RATE_LIMIT_PER_SECOND", "1"),
+        ("IDEM_RATE_LIMIT_BURST", "2"),
+    ];
+    let child = common::Child::serve_env(&db.url, "", &[], &env);
+    let api = Api::new(child.url.clone());
+    let body = json!({"gid": "f", "kind": "saga", "steps": [{"action": "http://127.0.0.1:9/a",
+                      "compensate": "http://127.0.0.1:9/c", "payload": "x".repeat(9)}]});
+    let (status, answer) = api.post("/api/v1/transactions", body).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (400, Some("payload_too_large")),
+        "11 bytes over 10: {answer}"
+    );
+    assert_eq!(api.get("/api/dtmsvr/newGid").await.0, 200);
+    let (status, answer) = api.get("/api/dtmsvr/newGid").await;
+    assert_eq!(status, 429, "the third of a burst of two: {answer}");
+    assert_eq!(answer["error"]["code"], "rate_limited", "{answer}");
+    child.kill();
     db.drop_database().await;
 }
