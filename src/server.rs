@@ -52,6 +52,10 @@ pub struct ServerConfig {
     pub insecure: bool,
     /// Unfinished transactions one tenant may have; 0: no cap.
     pub max_active_per_tenant: u64,
+    /// Bytes of one branch's payload, at most (`400 payload_too_large` past it).
+    pub max_branch_payload_bytes: usize,
+    /// Requests per second and tenant through the API (`429 rate_limited` past it).
+    pub rate_limit: api::rate_limit::RateLimitConfig,
 }
 
 impl ServerConfig {
@@ -74,6 +78,8 @@ impl ServerConfig {
             auth: crate::auth::AuthConfig::default(),
             insecure: false,
             max_active_per_tenant: 0,
+            max_branch_payload_bytes: api::validate::DEFAULT_MAX_BRANCH_PAYLOAD_BYTES,
+            rate_limit: api::rate_limit::RateLimitConfig::default(),
         }
     }
 }
@@ -170,7 +176,11 @@ pub async fn start_with(
     let state = Arc::new(AppState {
         engine: Arc::clone(&engine),
         wait_timeout: config.wait_timeout,
-        max_branches: config.connect.max_branches,
+        limits: api::validate::Limits {
+            max_branches: config.connect.max_branches,
+            max_payload_bytes: config.max_branch_payload_bytes,
+        },
+        rate_limit: api::rate_limit::TenantRateLimit::new(config.rate_limit).map(Arc::new),
         auth,
         active_cap: api::active_cap::ActiveCap::new(config.max_active_per_tenant),
     });

@@ -4,9 +4,16 @@
 //! own field names and plausible values, so most reach the checks past the JSON parse.
 
 use axum::body::Bytes;
+use idem::api::validate::Limits;
 use idem_types::TxOptions;
 use proptest::prelude::*;
 use serde_json::{Map, Value};
+
+/// Small bounds, so that random bodies reach the limits too.
+const LIMITS: Limits = Limits {
+    max_branches: 8,
+    max_payload_bytes: 64,
+};
 
 const KEYS: [&str; 26] = [
     "gid",
@@ -82,7 +89,7 @@ proptest! {
     #[test]
     fn the_native_create_check_passes_or_answers_a_4xx(value in body()) {
         let bytes = Bytes::from(value.to_string());
-        if let Err(e) = idem::api::native::check_create(Ok(bytes), &TxOptions::default(), 8, 0) {
+        if let Err(e) = idem::api::native::check_create(Ok(bytes), &TxOptions::default(), &LIMITS, 0) {
             prop_assert!(e.status.is_client_error(), "{} {} for {}", e.status, e.code, value);
         }
     }
@@ -90,7 +97,7 @@ proptest! {
     #[test]
     fn the_dtm_trans_global_parse_passes_or_answers_a_4xx(value in body()) {
         let bytes = Bytes::from(value.to_string());
-        if let Err(e) = idem::api::dtm::parse_trans(Ok(bytes), &TxOptions::default(), 8) {
+        if let Err(e) = idem::api::dtm::parse_trans(Ok(bytes), &TxOptions::default(), &LIMITS) {
             let e = e.api_error();
             prop_assert!(e.status.is_client_error(), "{} {} for {}", e.status, e.code, value);
         }
@@ -99,7 +106,7 @@ proptest! {
     #[test]
     fn any_bytes_are_refused_with_a_4xx(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
         let body = Ok(Bytes::from(bytes));
-        if let Err(e) = idem::api::native::check_create(body, &TxOptions::default(), 8, 0) {
+        if let Err(e) = idem::api::native::check_create(body, &TxOptions::default(), &LIMITS, 0) {
             prop_assert!(e.status.is_client_error());
         }
     }
@@ -113,13 +120,16 @@ fn both_parsers_accept_a_valid_saga() {
     let checked = idem::api::native::check_create(
         Ok(Bytes::from(saga.to_string())),
         &TxOptions::default(),
-        8,
+        &LIMITS,
         0,
     );
     assert!(checked.is_ok(), "{checked:?}");
     let dtm = serde_json::json!({"gid": "g", "trans_type": "saga", "steps": [
         {"action": "http://127.0.0.1:9/a", "compensate": "http://127.0.0.1:9/b"}]});
-    let parsed =
-        idem::api::dtm::parse_trans(Ok(Bytes::from(dtm.to_string())), &TxOptions::default(), 8);
+    let parsed = idem::api::dtm::parse_trans(
+        Ok(Bytes::from(dtm.to_string())),
+        &TxOptions::default(),
+        &LIMITS,
+    );
     assert!(parsed.is_ok());
 }

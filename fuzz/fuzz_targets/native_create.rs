@@ -3,12 +3,15 @@
 #![no_main]
 
 use axum::body::Bytes;
+use idem::api::validate::Limits;
 use idem_types::TxOptions;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let body = Ok(Bytes::copy_from_slice(data));
-    if let Err(e) = idem::api::native::check_create(body, &TxOptions::default(), 100, 0) {
+    if let Err(e) =
+        idem::api::native::check_create(body, &TxOptions::default(), &Limits::default(), 0)
+    {
         assert!(e.status.is_client_error(), "{} {}", e.status, e.code);
         assert!(!e.code.is_empty());
     }

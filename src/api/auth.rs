@@ -51,7 +51,7 @@ enum Gate {
 
 fn gate(config: &AuthConfig, path: &str) -> Gate {
     match path {
-        "/health/live" | "/api/v1/openapi.json" => Gate::Open,
+        "/health/live" | "/api/v1/openapi.json" | "/api/ping" => Gate::Open,
         "/health" | "/health/ready" if !config.protect_readiness => Gate::Open,
         "/metrics" if !config.protect_metrics => Gate::Open,
         "/health" | "/health/ready" | "/metrics" => Gate::Token(Role::Operator),

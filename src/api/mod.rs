@@ -20,6 +20,7 @@ pub mod error;
 mod http_metrics;
 pub mod native;
 pub mod openapi;
+pub mod rate_limit;
 pub mod validate;
 
 /// What every handler can reach.
@@ -27,8 +28,11 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// How long a `wait_result` request waits at most.
     pub wait_timeout: Duration,
-    /// Branches (TCC) or steps (saga, msg) one transaction may have.
-    pub max_branches: usize,
+    /// Branches (TCC) or steps (saga, msg) one transaction may have, and the size of each
+    /// one's payload.
+    pub limits: validate::Limits,
+    /// The per-tenant request rate; `None`: no limit.
+    pub rate_limit: Option<Arc<rate_limit::TenantRateLimit>>,
     /// Who may call, and the token cache.
     pub auth: Arc<auth::Auth>,
     /// The cap on a tenant's unfinished transactions.
@@ -52,7 +56,17 @@ pub const MAX_BODY: usize = 1 << 20;
 /// How long `/health/ready` waits for the database's answer.
 pub const READY_TIMEOUT: Duration = Duration::from_millis(1_500);
 
+/// The API. The rate limit covers the transaction routes of both doors, not the probes,
+/// `/metrics` or the OpenAPI document (see `rate_limit`); an authentication layer that puts
+/// the `Principal` on a request must wrap it (a layer added here, after it).
 pub fn router(state: Arc<AppState>) -> Router {
+    let (mut native, mut dtm) = (native::routes(), dtm::routes());
+    if let Some(limit) = &state.rate_limit {
+        let native_limit = middleware::from_fn_with_state(Arc::clone(limit), rate_limit::native);
+        native = native.route_layer(native_limit);
+        let dtm_limit = middleware::from_fn_with_state(Arc::clone(limit), rate_limit::dtm);
+        dtm = dtm.route_layer(dtm_limit);
+    }
     Router::new()
         // A load balancer should ask `ready`; `/health` is the same check, so one that
         // was pointed at `/health` before these existed stops routing to an instance whose
@@ -61,8 +75,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health/ready", get(ready))
         .route("/health/live", get(live))
         .route("/metrics", get(metrics))
-        .merge(native::routes())
-        .merge(dtm::routes())
+        .merge(native::document_routes())
+        .merge(dtm::probe_routes())
+        .merge(native)
+        .merge(dtm)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         // Outside the body limit: a refused caller's body is never read.
         .layer(middleware::from_fn_with_state(

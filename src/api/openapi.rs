@@ -33,6 +33,9 @@ type Statuses = &'static [(u16, &'static [&'static str])];
 const BODY: [&str; 2] = ["invalid_json", "invalid_body"];
 /// A database that is down or refuses the statement (docs/api.md, *Error codes*).
 const DATABASE: [(u16, &[&str]); 2] = [(503, &["unavailable", "contention"]), (500, &["internal"])];
+/// The tenant's request rate (`--rate-limit-per-second`), which every operation but the
+/// document's can answer, with a `Retry-After`.
+const RATE: [(u16, &[&str]); 1] = [(429, &["rate_limited"])];
 
 /// What every operation but the description itself can answer when tokens are required.
 const AUTH: [(u16, &[&str]); 2] = [
@@ -69,6 +72,7 @@ pub const ERRORS: &[(&str, Statuses)] = &[
                     "invalid_options",
                     "invalid_request",
                     "too_many_branches",
+                    "payload_too_large",
                 ],
             ),
             (409, &["gid_conflict"]),
@@ -92,6 +96,7 @@ pub const ERRORS: &[(&str, Statuses)] = &[
                     "too_long",
                     "invalid_text",
                     "too_many_branches",
+                    "payload_too_large",
                 ],
             ),
             (404, &["not_found", "unknown_branch"]),
@@ -205,7 +210,7 @@ pub async fn serve() -> impl IntoResponse {
 pub fn all_codes() -> Vec<&'static str> {
     let mut codes: Vec<&str> = ERRORS
         .iter()
-        .flat_map(|(_, statuses)| statuses.iter().chain(DATABASE.iter()).chain(AUTH.iter()))
+        .flat_map(|(_, statuses)| statuses.iter().chain(&DATABASE).chain(&RATE).chain(&AUTH))
         .flat_map(|(_, codes)| codes.iter().copied())
         .chain(BODY)
         .collect();
@@ -236,7 +241,7 @@ fn add_errors(spec: &mut Value) {
         if ["submit", "abort", "retry", "force_stop"].contains(&id.as_str()) {
             operation["requestBody"]["required"] = json!(false);
         }
-        for (status, codes) in statuses.iter().chain(DATABASE.iter()).chain(AUTH.iter()) {
+        for (status, codes) in statuses.iter().chain(&DATABASE).chain(&RATE).chain(&AUTH) {
             let list = codes
                 .iter()
                 .map(|c| format!("`{c}`"))
@@ -258,6 +263,12 @@ fn add_errors(spec: &mut Value) {
                 "description": description,
                 "content": {"application/json": {"schema": schema}},
             });
+            if *status == 429 {
+                responses[&key]["headers"] = json!({"Retry-After": {
+                    "description": "Seconds until the tenant's next request would pass",
+                    "schema": {"type": "integer", "minimum": 1},
+                }});
+            }
         }
     }
 }
@@ -332,7 +343,7 @@ mod tests {
                     continue;
                 }
                 let responses = operation["responses"].as_object().unwrap();
-                for status in ["400", "500", "503"] {
+                for status in ["400", "429", "500", "503"] {
                     assert!(responses.contains_key(status), "{id} lacks {status}");
                 }
             }
@@ -347,6 +358,12 @@ mod tests {
         );
         let abort = &spec["paths"]["/api/v1/transactions/{gid}/abort"]["post"];
         assert_eq!(abort["requestBody"]["required"], json!(false), "{abort}");
+        let limited = &spec["paths"]["/api/v1/transactions"]["post"]["responses"]["429"];
+        assert!(limited["headers"]["Retry-After"].is_object(), "{limited}");
+        let codes = &spec["components"]["schemas"]["ErrorView"]["properties"]["code"]["enum"];
+        for code in ["rate_limited", "payload_too_large"] {
+            assert!(codes.as_array().unwrap().contains(&json!(code)), "{code}");
+        }
         let max = &spec["components"]["schemas"]["OptionsRequest"]["properties"]["max_attempts"];
         assert_eq!(max["maximum"], json!(10_000), "{max}");
     }

@@ -27,9 +27,13 @@ pub const MAX_ID_LEN: usize = 128;
 pub const MAX_URL_LEN: usize = 4_096;
 /// Abort and force-stop reasons: a sentence for an operator, not a document.
 pub const MAX_REASON_LEN: usize = 1_024;
-/// A branch payload, as the text sent to the participant. The body limit already bounds
-/// what arrives; this bounds what is stored, which may differ (JSON re-encoding).
+/// The largest `--max-branch-payload-bytes`: the body limit already bounds what arrives.
 pub const MAX_PAYLOAD_LEN: usize = super::MAX_BODY;
+/// A branch payload, as the text sent to the participant, unless the server's
+/// `--max-branch-payload-bytes` says otherwise. Every payload is stored twice (a TCC
+/// branch's Confirm and Cancel rows, a saga step's action and compensation), sent with every
+/// attempt and read with the transaction; a few business fields, not a document.
+pub const DEFAULT_MAX_BRANCH_PAYLOAD_BYTES: usize = 65_536;
 /// DTM's `custom_data`: saga orders for thousands of steps fit.
 pub const MAX_CUSTOM_DATA_LEN: usize = 65_536;
 pub const MAX_HEADERS: usize = 32;
@@ -138,7 +142,39 @@ pub fn check_url(field: &str, url: &str) -> Result<(), ApiError> {
     }
 }
 
-pub fn check_payload(field: &str, payload: &str) -> Result<(), ApiError> {
+/// The per-transaction bounds an operator sets (`--max-branches`,
+/// `--max-branch-payload-bytes`), which both doors apply the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Steps of a saga or msg, or branches of a TCC transaction.
+    pub max_branches: usize,
+    /// Bytes of one branch's payload as stored (and sent).
+    pub max_payload_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_branches: DEFAULT_MAX_BRANCHES,
+            max_payload_bytes: DEFAULT_MAX_BRANCH_PAYLOAD_BYTES,
+        }
+    }
+}
+
+/// A branch's payload as stored: at most `limits.max_payload_bytes` (measured on the text
+/// stored, which JSON re-encoding can make longer than what was sent) and no NUL. `field`
+/// names the step or branch, so a client with many knows which one.
+pub fn check_payload(field: &str, payload: &str, limits: &Limits) -> Result<(), ApiError> {
+    let max = limits.max_payload_bytes;
+    if payload.len() > max {
+        return Err(ApiError::bad_request(
+            "payload_too_large",
+            format!(
+                "{field} is {} bytes; the limit is {max} bytes per branch payload",
+                payload.len()
+            ),
+        ));
+    }
     check_text(field, payload, MAX_PAYLOAD_LEN)
 }
 

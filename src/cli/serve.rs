@@ -125,6 +125,21 @@ pub struct ServeArgs {
     /// registered), at most; a request past it is refused (400 too_many_branches).
     #[arg(long, env = "IDEM_MAX_BRANCHES", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_branches: u32,
+    /// Bytes of one branch's payload as stored and sent (a saga step's, a compensation's,
+    /// a TCC branch's, a msg step's; DTM's `payloads[i]`, `steps[i].data` and
+    /// registerBranch `data`), at most; a request past it is refused (400
+    /// payload_too_large).
+    #[arg(long, env = "IDEM_MAX_BRANCH_PAYLOAD_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub max_branch_payload_bytes: u32,
+    /// API requests per second per tenant, at most (both doors; not health, metrics or the
+    /// OpenAPI document); past it 429 rate_limited with Retry-After. Per process. 0: no
+    /// limit.
+    #[arg(long, env = "IDEM_RATE_LIMIT_PER_SECOND", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub rate_limit_per_second: u32,
+    /// Requests of one tenant that may arrive at once under `--rate-limit-per-second`;
+    /// 0: one second's worth.
+    #[arg(long, env = "IDEM_RATE_LIMIT_BURST", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub rate_limit_burst: u32,
     /// Export spans over OTLP/HTTP (protobuf) to this collector, e.g.
     /// `http://127.0.0.1:4318` (its `/v1/traces`); none: nothing is exported.
     #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
@@ -255,6 +270,11 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
     config.http.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
     config.http.max_connections = args.max_http_connections;
     config.connect.max_branches = args.max_branches as usize;
+    config.max_branch_payload_bytes = args.max_branch_payload_bytes as usize;
+    config.rate_limit = crate::api::rate_limit::RateLimitConfig {
+        per_second: args.rate_limit_per_second,
+        burst: args.rate_limit_burst,
+    };
     config.retention = crate::retention::RetentionConfig::from_flags(
         args.retention_ms,
         args.retention_interval_ms,

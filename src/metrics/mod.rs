@@ -135,6 +135,12 @@ pub const DESCRIPTIONS: &[(&str, Type, &str, &str)] = &[
         "API requests answered, by method, route template and status code.",
     ),
     (
+        "idem_rate_limited_total",
+        Type::Counter,
+        "",
+        "API requests refused with 429 rate_limited: their tenant was over --rate-limit-per-second.",
+    ),
+    (
         "idem_http_request_seconds",
         Type::Histogram,
         "method,route",

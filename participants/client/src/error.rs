@@ -152,13 +152,14 @@ impl Error {
     /// A failure after which the request may or may not have been applied, and which a
     /// repeat with the same gid may cure: no answer, the coordinator's database
     /// unavailable, or a gateway in front of it that got no answer (a 502 or 504 that is
-    /// not the API's own). Everything else (a refusal, a conflict, a Try's own outcome)
+    /// not the API's own); or one refused before it was read because the tenant was over
+    /// its request rate (429). Everything else (a refusal, a conflict, a Try's own outcome)
     /// would answer the same again.
     pub fn may_succeed_on_retry(&self) -> bool {
         match self {
             Error::Transport(_) => true,
             Error::Api { status, code, .. } => {
-                *status == 503
+                matches!(status, 429 | 503)
                     || code == "unavailable"
                     || (matches!(status, 502 | 504) && code.starts_with("http_"))
             }
@@ -178,6 +179,8 @@ mod tests {
         assert!(!e.may_succeed_on_retry());
         let e = Error::from_answer(503, r#"{"error":{"code":"unavailable","message":"db"}}"#);
         assert!(e.may_succeed_on_retry());
+        let e = Error::from_answer(429, r#"{"error":{"code":"rate_limited","message":"t"}}"#);
+        assert!(e.may_succeed_on_retry(), "refused before it was read");
         let e = Error::from_answer(502, "<html>bad gateway</html>");
         assert_eq!(e.code(), Some("http_502"));
         assert!(e.may_succeed_on_retry(), "a gateway without an answer");

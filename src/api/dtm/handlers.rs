@@ -261,7 +261,11 @@ pub(super) async fn register_branch(
     check_url("confirm", &confirm)?;
     check_url("cancel", &cancel)?;
     let payload = get("data");
-    check_payload("data", &payload)?;
+    check_payload(
+        &format!("data (branch {branch_id:?})"),
+        &payload,
+        &app.limits,
+    )?;
     let now = app.engine.now();
     let branches = vec![
         Branch::new(&branch_id, Action::Confirm, 0, confirm, &payload, now),

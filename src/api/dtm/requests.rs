@@ -13,8 +13,9 @@ use super::DtmError;
 use crate::api::AppState;
 use crate::api::error::ApiError;
 use crate::api::validate::{
-    Given, MAX_ATTEMPTS, MAX_CUSTOM_DATA_LEN, Overrides, REQUEST_TIMEOUT, RETRY_INTERVAL, TIMEOUT,
-    check_branch_count, check_id, check_payload, check_text, check_url, parse_body, parse_orders,
+    Given, Limits, MAX_ATTEMPTS, MAX_CUSTOM_DATA_LEN, Overrides, REQUEST_TIMEOUT, RETRY_INTERVAL,
+    TIMEOUT, check_branch_count, check_id, check_payload, check_text, check_url, parse_body,
+    parse_orders,
 };
 use crate::core::{Kind, Millis, Protocol, TxOptions};
 
@@ -81,7 +82,7 @@ pub(super) fn parse(
     body: Result<Bytes, BytesRejection>,
     app: &AppState,
 ) -> Result<Trans, DtmError> {
-    parse_trans(body, &app.engine.config().defaults, app.max_branches)
+    parse_trans(body, &app.engine.config().defaults, &app.limits)
 }
 
 /// Parses and checks a `TransGlobal` body without touching the engine: every way it can be
@@ -89,7 +90,7 @@ pub(super) fn parse(
 pub fn parse_trans(
     body: Result<Bytes, BytesRejection>,
     defaults: &TxOptions,
-    max_branches: usize,
+    limits: &Limits,
 ) -> Result<Trans, DtmError> {
     let (req, _): (TransRequest, Value) = parse_body(body, None)?;
     let gid = req
@@ -123,7 +124,7 @@ pub fn parse_trans(
     };
 
     let raw_steps = req.steps.clone().unwrap_or_default();
-    check_branch_count("steps", raw_steps.len(), max_branches)?;
+    check_branch_count("steps", raw_steps.len(), limits.max_branches)?;
     let payloads = req.payloads.clone().unwrap_or_default();
     let mut steps = Vec::with_capacity(raw_steps.len());
     for (i, step) in raw_steps.iter().enumerate() {
@@ -135,12 +136,11 @@ pub fn parse_trans(
             check_url(&format!("steps[{i}].compensate"), &compensate)?;
         }
         // `payloads[i]` is the body; DTM's legacy `steps[i].data` is accepted too.
-        let payload = payloads
-            .get(i)
-            .cloned()
-            .flatten()
-            .unwrap_or_else(|| field("data"));
-        check_payload(&format!("payloads[{i}]"), &payload)?;
+        let (payload, name) = match payloads.get(i).cloned().flatten() {
+            Some(p) => (p, format!("payloads[{i}] (step {i})")),
+            None => (field("data"), format!("steps[{i}].data")),
+        };
+        check_payload(&name, &payload, limits)?;
         steps.push((action, compensate, payload));
     }
     if let Some(url) = &req.query_prepared

@@ -50,7 +50,7 @@ pub(super) async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let defaults = &app.engine.config().defaults;
-    let checked = check_create(body, defaults, app.max_branches, app.engine.now())?;
+    let checked = check_create(body, defaults, &app.limits, app.engine.now())?;
     let key = caller.key(&checked.gid);
     app.admit_create(caller.tenant(), &key).await?;
     let trace = crate::trace::from_headers(&headers);
@@ -115,7 +115,7 @@ pub(super) async fn register(
         payload: req.payload,
     };
     let now = app.engine.now();
-    let mut branches = spec.operations(now)?.to_vec();
+    let mut branches = spec.operations("", &app.limits, now)?.to_vec();
     if let Some(url) = &req.try_url {
         check_url("try", url)?;
         let payload = payload_text(&spec.payload);

@@ -23,6 +23,20 @@ pub use views::{BranchView, PageView, RegisterView, TryView, TxView, page_view, 
 /// The native routes with their OpenAPI description: one list, so the spec cannot miss a
 /// route the router has (`api::openapi` serves it).
 pub fn api() -> OpenApiRouter<Arc<AppState>> {
+    transactions().merge(document())
+}
+
+/// The transaction routes, which the rate limit covers.
+pub fn routes() -> Router<Arc<AppState>> {
+    transactions().split_for_parts().0
+}
+
+/// The OpenAPI document, which it does not: a tool reading the spec is no tenant's traffic.
+pub fn document_routes() -> Router<Arc<AppState>> {
+    document().split_for_parts().0
+}
+
+fn transactions() -> OpenApiRouter<Arc<AppState>> {
     OpenApiRouter::new()
         .routes(routes!(handlers::create, handlers::list))
         .routes(routes!(handlers::show))
@@ -33,11 +47,10 @@ pub fn api() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(handlers::force_stop))
         .routes(routes!(tokens::issue_token, tokens::list_tokens))
         .routes(routes!(tokens::revoke_token))
-        .routes(routes!(super::openapi::serve))
 }
 
-pub fn routes() -> Router<Arc<AppState>> {
-    api().split_for_parts().0
+fn document() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::new().routes(routes!(super::openapi::serve))
 }
 
 /// How long `wait_result` waits by default.

@@ -11,7 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::api::error::ApiError;
 use crate::api::validate::{
-    Given, MAX_ATTEMPTS, MAX_IN_PROGRESS, MAX_RETRY_INTERVAL, Overrides, REQUEST_TIMEOUT,
+    Given, Limits, MAX_ATTEMPTS, MAX_IN_PROGRESS, MAX_RETRY_INTERVAL, Overrides, REQUEST_TIMEOUT,
     RETRY_INTERVAL, TIMEOUT, check_branch_count, check_id, check_payload, check_url, parse_body,
     parse_orders,
 };
@@ -124,13 +124,20 @@ pub(super) struct BranchSpec {
 }
 
 impl BranchSpec {
-    /// Checks the fields and builds the Confirm and Cancel operations.
-    pub(super) fn operations(&self, now: Millis) -> Result<[Branch; 2], ApiError> {
+    /// Checks the fields and builds the Confirm and Cancel operations; `field` is where
+    /// the request holds it (`branches[2]`, or the register body's top level).
+    pub(super) fn operations(
+        &self,
+        field: &str,
+        limits: &Limits,
+        now: Millis,
+    ) -> Result<[Branch; 2], ApiError> {
         check_id("branch_id", "invalid_branch_id", &self.branch_id)?;
         check_url("confirm", &self.confirm)?;
         check_url("cancel", &self.cancel)?;
         let payload = payload_text(&self.payload);
-        check_payload("payload", &payload)?;
+        let named = format!("{field}payload (branch {:?})", self.branch_id);
+        check_payload(&named, &payload, limits)?;
         // TCC branches have no order among them: Confirms (or Cancels) all go out together.
         Ok([
             Branch::new(
@@ -193,7 +200,7 @@ pub struct CheckedCreate {
 pub fn check_create(
     body: Result<Bytes, BytesRejection>,
     defaults: &TxOptions,
-    max_branches: usize,
+    limits: &Limits,
     now: Millis,
 ) -> Result<CheckedCreate, ApiError> {
     let (req, raw): (CreateRequest, Value) = parse_body(body, None)?;
@@ -232,7 +239,7 @@ pub fn check_create(
             if req.query_prepared.is_some() {
                 return invalid("query_prepared is for msg transactions");
             }
-            check_branch_count("steps", req.steps.len(), max_branches)?;
+            check_branch_count("steps", req.steps.len(), limits.max_branches)?;
             let mut steps = Vec::new();
             for (i, s) in req.steps.iter().enumerate() {
                 check_url(&format!("steps[{i}].action"), &s.action)?;
@@ -244,7 +251,7 @@ pub fn check_create(
                 })?;
                 check_url(&format!("steps[{i}].compensate"), compensate)?;
                 let payload = payload_text(&s.payload);
-                check_payload(&format!("steps[{i}].payload"), &payload)?;
+                check_payload(&format!("steps[{i}].payload"), &payload, limits)?;
                 steps.push(SagaStep {
                     action: s.action.clone(),
                     compensate: compensate.to_owned(),
@@ -267,18 +274,18 @@ pub fn check_create(
             if kind == Kind::Msg && !req.branches.is_empty() {
                 return invalid("a msg takes steps, not branches");
             }
-            check_branch_count("branches", req.branches.len(), max_branches)?;
-            check_branch_count("steps", req.steps.len(), max_branches)?;
+            check_branch_count("branches", req.branches.len(), limits.max_branches)?;
+            check_branch_count("steps", req.steps.len(), limits.max_branches)?;
             let mut branches = Vec::new();
             let mut seen = std::collections::BTreeSet::new();
-            for spec in &req.branches {
+            for (i, spec) in req.branches.iter().enumerate() {
                 if !seen.insert(spec.branch_id.as_str()) {
                     return Err(ApiError::bad_request(
                         "invalid_request",
                         format!("branch {:?} is listed twice", spec.branch_id),
                     ));
                 }
-                branches.extend(spec.operations(now)?);
+                branches.extend(spec.operations(&format!("branches[{i}]."), limits, now)?);
             }
             if kind == Kind::Msg && req.steps.is_empty() {
                 return Err(ApiError::bad_request(
@@ -293,7 +300,7 @@ pub fn check_create(
                     return invalid("msg steps have no compensate");
                 }
                 let payload = payload_text(&s.payload);
-                check_payload(&format!("steps[{i}].payload"), &payload)?;
+                check_payload(&format!("steps[{i}].payload"), &payload, limits)?;
                 msg_steps.push((s.action.clone(), payload));
             }
             if let Some(url) = &req.query_prepared {

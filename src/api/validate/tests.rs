@@ -44,15 +44,45 @@ fn texts_have_a_limit_and_no_nul() {
     // The limit is in bytes: 513 two-byte characters are over 1,024.
     let wide = "é".repeat(513);
     assert_eq!(code(check_reason("reason", Some(&wide))), Some("too_long"));
-    assert_eq!(code(check_payload("p", "a\0b")), Some("invalid_text"));
-    assert!(check_payload("p", &"x".repeat(MAX_PAYLOAD_LEN)).is_ok());
+    let limits = Limits::default();
     assert_eq!(
-        code(check_payload("p", &"x".repeat(MAX_PAYLOAD_LEN + 1))),
-        Some("too_long")
+        code(check_payload("p", "a\0b", &limits)),
+        Some("invalid_text")
     );
     // Messages quote at most a short prefix of what was sent.
     let e = check_id("gid", "invalid_gid", &"é".repeat(100_000)).unwrap_err();
     assert!(e.message.len() < 400, "{}", e.message);
+}
+
+#[test]
+fn a_payload_over_the_servers_bound_is_too_large_and_the_message_names_it() {
+    let limits = Limits {
+        max_payload_bytes: 10,
+        ..Limits::default()
+    };
+    assert!(check_payload("steps[3].payload", &"x".repeat(10), &limits).is_ok());
+    let e = check_payload("steps[3].payload", &"x".repeat(11), &limits).unwrap_err();
+    assert_eq!((e.status.as_u16(), e.code), (400, "payload_too_large"));
+    for part in ["steps[3].payload", "11 bytes", "limit is 10"] {
+        assert!(e.message.contains(part), "{part}: {}", e.message);
+    }
+    // Bytes, not characters: six two-byte characters are over 10.
+    let wide = "é".repeat(6);
+    assert_eq!(
+        code(check_payload("p", &wide, &limits)),
+        Some("payload_too_large")
+    );
+    // The size is judged first: an oversized payload with a NUL is too large.
+    let both = format!("{}\0", "x".repeat(20));
+    assert_eq!(
+        code(check_payload("p", &both, &limits)),
+        Some("payload_too_large")
+    );
+    let widest = Limits {
+        max_payload_bytes: MAX_PAYLOAD_LEN,
+        ..Limits::default()
+    };
+    assert!(check_payload("p", &"x".repeat(MAX_PAYLOAD_LEN), &widest).is_ok());
 }
 
 fn headers(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
