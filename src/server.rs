@@ -44,6 +44,8 @@ pub struct ServerConfig {
     pub metrics_sample_interval: Duration,
     /// The key that signs every branch call; `None`: calls go unsigned.
     pub signing_key: Option<idem_signing::Key>,
+    /// Where participant calls may go, per tenant (`--outbound-policy`; see `outbound`).
+    pub outbound_policy: Arc<crate::outbound::OutboundPolicy>,
 }
 
 impl ServerConfig {
@@ -63,6 +65,7 @@ impl ServerConfig {
             retention: crate::retention::RetentionConfig::default(),
             metrics_sample_interval: crate::metrics::sampler::DEFAULT_INTERVAL,
             signing_key: None,
+            outbound_policy: Arc::default(),
         }
     }
 }
@@ -154,6 +157,7 @@ pub async fn start_with(
         engine: Arc::clone(&engine),
         wait_timeout: config.wait_timeout,
         max_branches: config.connect.max_branches,
+        outbound_policy: Arc::clone(&config.outbound_policy),
     });
     let app = api::router(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -27,6 +27,27 @@ pub struct AppState {
     pub wait_timeout: Duration,
     /// Branches (TCC) or steps (saga, msg) one transaction may have.
     pub max_branches: usize,
+    /// Where participant calls may go: every URL a request names is checked against its
+    /// tenant's entry before anything is stored.
+    pub outbound_policy: Arc<crate::outbound::OutboundPolicy>,
+}
+
+impl AppState {
+    /// The outbound policy's check of the participant URLs `(field, url)` a request
+    /// names, for `tenant`: `400 url_not_allowed` naming the field and the rule.
+    pub fn check_outbound<'a>(
+        &self,
+        tenant: &str,
+        urls: impl IntoIterator<Item = (String, &'a str)>,
+    ) -> Result<(), error::ApiError> {
+        validate::check_outbound(&self.outbound_policy, tenant, urls)
+    }
+}
+
+/// The tenant of a request, whose outbound policy entry applies to the URLs it names.
+/// Every request is the default tenant's until the API knows its caller.
+pub(crate) fn request_tenant() -> &'static str {
+    crate::tenant::DEFAULT_TENANT
 }
 
 /// Request bodies larger than this are refused with 413.

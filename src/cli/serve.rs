@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -163,6 +164,13 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub signing_secret: Option<String>,
+    /// Where participant calls may go, per tenant: a TOML file with a `[default]` table
+    /// and `[tenants.<name>]` tables of `schemes`, `hosts`, `host_suffixes`, `cidrs` and
+    /// `ports` (docs/security.md). URLs are checked when registered (400
+    /// url_not_allowed) and the addresses they resolve to when called. None: every
+    /// http(s) URL but link-local and cloud metadata addresses.
+    #[arg(long, env = "IDEM_OUTBOUND_POLICY", value_name = "PATH")]
+    pub outbound_policy: Option<PathBuf>,
 }
 
 /// Runs `idem serve`: the coordinator the flags describe, until SIGTERM or Ctrl-C.
@@ -192,7 +200,7 @@ where
 }
 
 /// The server configuration the flags describe; fails on an unreadable or invalid
-/// signing key.
+/// signing key or outbound policy.
 pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
     let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
     config.engine.node_is_unique = args.node.is_some();
@@ -231,6 +239,9 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
         args.signing_secret_file.as_deref(),
         args.signing_secret.as_deref(),
     )?;
+    if let Some(path) = &args.outbound_policy {
+        config.outbound_policy = Arc::new(crate::outbound::OutboundPolicy::load(path)?);
+    }
     Ok(config)
 }
 

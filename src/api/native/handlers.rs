@@ -17,12 +17,12 @@ use super::requests::{
     check_create, payload_text,
 };
 use super::views::{PageView, RegisterView, TryView, TxView, page_view, tx_view};
-use crate::api::AppState;
 use crate::api::error::ApiError;
 use crate::api::validate::{
-    DEFAULT_LIST_LIMIT, check_id, check_reason, check_url, decode_cursor, list_limit, parse_body,
-    registration_error,
+    DEFAULT_LIST_LIMIT, branch_urls, check_id, check_reason, check_url, decode_cursor, list_limit,
+    parse_body, registration_error,
 };
+use crate::api::{AppState, request_tenant};
 use crate::core::{Action, Branch, CallOutcome, Kind, Status};
 use crate::engine::{NewPrepared, NewSaga};
 use crate::store::ListFilter;
@@ -48,6 +48,7 @@ pub(super) async fn create(
 ) -> Result<Response, ApiError> {
     let defaults = &app.engine.config().defaults;
     let checked = check_create(body, defaults, app.max_branches, app.engine.now())?;
+    app.check_outbound(request_tenant(), checked.new.urls())?;
     let trace = crate::trace::from_headers(&headers);
     let outcome = match checked.new {
         NewTransaction::Saga(saga) => app.engine.create_saga(NewSaga { trace, ..saga }).await?,
@@ -113,6 +114,7 @@ pub(super) async fn register(
             now,
         ));
     }
+    app.check_outbound(request_tenant(), branch_urls(&branches))?;
     app.engine
         .register(&gid, branches)
         .await
