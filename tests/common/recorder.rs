@@ -24,6 +24,8 @@ pub struct Call {
     /// The W3C trace context the call carried.
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// The `Authorization` header (Basic, from a URL's userinfo).
+    pub authorization: Option<String>,
     /// When the call arrived.
     pub at: std::time::Instant,
 }
@@ -79,6 +81,7 @@ async fn handle(
     };
     let agent = header("user-agent").unwrap_or_default();
     let (traceparent, tracestate) = (header("traceparent"), header("tracestate"));
+    let authorization = header("authorization");
     let path = uri.path().to_owned();
     let rule = {
         let mut rules = inner.rules.lock().unwrap();
@@ -105,6 +108,7 @@ async fn handle(
         agent,
         traceparent,
         tracestate,
+        authorization,
         at,
     });
     inner.changed.notify_waiters();
