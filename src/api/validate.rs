@@ -132,7 +132,7 @@ pub fn check_url(field: &str, url: &str) -> Result<(), ApiError> {
             "invalid_url",
             format!(
                 "{field} must be an absolute http:// or https:// URL without control characters (got {})",
-                shown(url)
+                shown(&crate::outbound::redact_userinfo(url))
             ),
         )),
     }
