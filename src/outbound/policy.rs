@@ -192,11 +192,11 @@ impl Rule {
         })
     }
 
-    /// Whether this entry restricts hosts at all; an entry listing none of `hosts`,
-    /// `host_suffixes` and `cidrs` lets any host through (scheme, port and the
-    /// always-denied addresses still apply).
-    fn restricts_hosts(&self) -> bool {
-        !(self.hosts.is_empty() && self.host_suffixes.is_empty() && self.cidrs.is_empty())
+    /// Whether the entry lists host names (`hosts` or `host_suffixes`). One that lists
+    /// neither and no `cidrs` lets any host through (scheme, port and the always-denied
+    /// addresses still apply).
+    fn lists_names(&self) -> bool {
+        !(self.hosts.is_empty() && self.host_suffixes.is_empty())
     }
 
     /// The check of a URL: scheme, port, and its host (a name against the names, an IP
@@ -235,7 +235,7 @@ impl Rule {
                 "host {host} is a metadata service, denied unless [{name}] hosts lists it"
             )));
         }
-        if self.hosts.is_empty() && self.host_suffixes.is_empty() {
+        if !self.lists_names() {
             // No names listed: any name, its addresses checked when it is called.
             return Ok(());
         }
@@ -280,7 +280,7 @@ impl Rule {
     /// An IP-literal URL host: with names listed and no CIDRs it would bypass the names,
     /// so it is refused.
     fn check_literal(&self, ip: IpAddr) -> Result<(), Refusal> {
-        if self.cidrs.is_empty() && self.restricts_hosts() {
+        if self.cidrs.is_empty() && self.lists_names() {
             return Err(Refusal(format!(
                 "host {ip} is an IP address and [{}] lists no cidrs",
                 self.name

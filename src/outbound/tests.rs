@@ -1,10 +1,15 @@
 //! The policy's matching, its file's checks, the resolver's filter and the redaction.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
 
 use super::policy::OutboundPolicy;
 use super::redact_userinfo;
 use super::resolve::filter;
+use crate::core::{Action, CallOutcome, Kind, Protocol};
+use crate::transport::{CallRequest, CallResult, HttpTransport, Transport};
 
 fn policy(text: &str) -> OutboundPolicy {
     OutboundPolicy::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"))
@@ -262,4 +267,60 @@ fn userinfo_is_redacted_wherever_a_url_appears() {
         redact_userinfo("http://h/x"),
         std::borrow::Cow::Borrowed(_)
     ));
+}
+
+#[tokio::test]
+async fn each_call_is_judged_by_its_tenants_entry_before_any_connection() {
+    let policy = "[default]\n[tenants.acme]\ncidrs = [\"10.0.0.0/8\"]\n";
+    let policy = Arc::new(OutboundPolicy::parse(policy).unwrap());
+    let transport = HttpTransport::with_policy(1024, policy).unwrap();
+    // Port 1 on loopback: nothing listens, so a call that is let through fails to
+    // connect, and one that is not never tries.
+    let call = |tenant: &str, url: &str| CallRequest {
+        gid: "g".into(),
+        tenant: tenant.into(),
+        kind: Kind::Saga,
+        branch_id: "01".into(),
+        action: Action::Action,
+        url: url.into(),
+        payload: String::new(),
+        timeout: Duration::from_secs(5),
+        headers: BTreeMap::new(),
+        protocol: Protocol::Native,
+        attempt: 1,
+    };
+    let detail = |result: CallResult| match result.outcome {
+        CallOutcome::Unknown(detail) => detail,
+        other => panic!("not unknown: {other:?}"),
+    };
+    let acme = detail(
+        transport
+            .call(&call("acme", "http://u:pw@127.0.0.1:1/x"))
+            .await,
+    );
+    assert_eq!(
+        acme,
+        "outbound_denied: address 127.0.0.1 is not in [tenants.acme] cidrs"
+    );
+    let by_name = detail(transport.call(&call("acme", "http://localhost:1/x")).await);
+    assert!(
+        by_name.starts_with("outbound_denied: host localhost: address"),
+        "{by_name}"
+    );
+    let default = detail(
+        transport
+            .call(&call("other", "http://u:pw@127.0.0.1:1/x"))
+            .await,
+    );
+    assert!(default.starts_with("connection failed"), "{default}");
+    assert!(!default.contains("pw"), "{default}");
+    let metadata = detail(
+        transport
+            .call(&call("other", "http://169.254.169.254/latest"))
+            .await,
+    );
+    assert!(
+        metadata.starts_with("outbound_denied: address 169.254.169.254"),
+        "{metadata}"
+    );
 }
