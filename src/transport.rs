@@ -21,8 +21,8 @@
 //! starts with `outbound_denied:`, so it is retried and stalls or compensates like any
 //! call that got no answer. Details never carry a URL's userinfo.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::core::{Action, CallOutcome, Kind, Protocol};
@@ -77,14 +77,15 @@ pub struct HttpTransport {
 /// host name, so the entry it checks against is the client's.
 struct Clients {
     policy: Arc<OutboundPolicy>,
-    built: Mutex<HashMap<usize, reqwest::Client>>,
+    /// By entry index; once built, taken without a lock.
+    built: Vec<OnceLock<reqwest::Client>>,
 }
 
 impl Clients {
     fn new(policy: Arc<OutboundPolicy>) -> Result<Clients, reqwest::Error> {
         let clients = Clients {
+            built: (0..policy.entries()).map(|_| OnceLock::new()).collect(),
             policy,
-            built: Mutex::new(HashMap::new()),
         };
         // The default entry's client now, so a builder error stops the start.
         let (index, rule) = clients.policy.rule_for(crate::tenant::DEFAULT_TENANT);
@@ -93,15 +94,15 @@ impl Clients {
     }
 
     fn get(&self, index: usize, rule: &Arc<Rule>) -> Result<reqwest::Client, reqwest::Error> {
-        let mut built = self.built.lock().expect("not poisoned");
-        if let Some(client) = built.get(&index) {
+        let slot = &self.built[index];
+        if let Some(client) = slot.get() {
             return Ok(client.clone());
         }
         let client = client_builder()
             .dns_resolver(Arc::new(PolicyResolver::new(Arc::clone(rule))))
             .build()?;
-        built.insert(index, client.clone());
-        Ok(client)
+        // Two first calls may both build one; either serves, the other is dropped.
+        Ok(slot.get_or_init(|| client).clone())
     }
 }
 

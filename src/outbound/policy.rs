@@ -127,6 +127,11 @@ impl OutboundPolicy {
         Ok(OutboundPolicy { rules, tenants })
     }
 
+    /// How many entries the policy has: their indexes are `0..entries()`.
+    pub fn entries(&self) -> usize {
+        self.rules.len()
+    }
+
     /// The entry that applies to `tenant`, with its index (stable for this policy).
     pub fn rule_for(&self, tenant: &str) -> (usize, &Arc<Rule>) {
         let index = self.tenants.get(tenant).copied().unwrap_or(0);
