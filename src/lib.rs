@@ -10,6 +10,7 @@ pub mod core;
 pub mod engine;
 pub mod http_server;
 pub mod metrics;
+pub mod outbound;
 pub mod retention;
 pub mod server;
 pub mod signing;

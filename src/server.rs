@@ -56,6 +56,8 @@ pub struct ServerConfig {
     pub max_branch_payload_bytes: usize,
     /// Requests per second and tenant through the API (`429 rate_limited` past it).
     pub rate_limit: api::rate_limit::RateLimitConfig,
+    /// Where participant calls may go, per tenant (`--outbound-policy`; see `outbound`).
+    pub outbound_policy: Arc<crate::outbound::OutboundPolicy>,
 }
 
 impl ServerConfig {
@@ -80,6 +82,7 @@ impl ServerConfig {
             max_active_per_tenant: 0,
             max_branch_payload_bytes: api::validate::DEFAULT_MAX_BRANCH_PAYLOAD_BYTES,
             rate_limit: api::rate_limit::RateLimitConfig::default(),
+            outbound_policy: Arc::default(),
         }
     }
 }
@@ -183,6 +186,7 @@ pub async fn start_with(
         rate_limit: api::rate_limit::TenantRateLimit::new(config.rate_limit).map(Arc::new),
         auth,
         active_cap: api::active_cap::ActiveCap::new(config.max_active_per_tenant),
+        outbound_policy: Arc::clone(&config.outbound_policy),
     });
     let app = api::router(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

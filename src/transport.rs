@@ -13,11 +13,21 @@
 //! With a signing key (`--signing-secret-file`, `--signing-secret`), every call carries an
 //! `Idem-Signature` header over its method, path and query, time and body (see
 //! [`idem_signing`]); without one, calls go unsigned.
+//!
+//! Every call is checked against the tenant's entry of the outbound policy (see
+//! [`crate::outbound`]) before anything is sent: the URL, and every address its name
+//! resolves to (each entry has its own client, whose resolver drops what the entry does
+//! not allow). A refused call makes no connection and is an unknown outcome whose detail
+//! starts with `outbound_denied:`, so it is retried and stalls or compensates like any
+//! call that got no answer. Details never carry a URL's userinfo.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::core::{Action, CallOutcome, Kind, Protocol};
+use crate::outbound::resolve::PolicyResolver;
+use crate::outbound::{DENIED_PREFIX, OutboundPolicy, Refusal, Rule, redact_userinfo};
 
 /// One call to a participant.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,12 +64,60 @@ pub trait Transport: Send + Sync + 'static {
     async fn call(&self, request: &CallRequest) -> CallResult;
 }
 
-/// The real transport: one shared reqwest client (pooled keep-alive connections).
+/// The real transport: a shared reqwest client (pooled keep-alive connections) per entry
+/// of the outbound policy that calls went through.
 #[derive(Clone)]
 pub struct HttpTransport {
-    client: reqwest::Client,
+    clients: Arc<Clients>,
     max_answer: usize,
     signing_key: Option<idem_signing::Key>,
+}
+
+/// The policy and its entries' clients, built on first use: a resolver sees only the
+/// host name, so the entry it checks against is the client's.
+struct Clients {
+    policy: Arc<OutboundPolicy>,
+    /// By entry index; once built, taken without a lock.
+    built: Vec<OnceLock<reqwest::Client>>,
+}
+
+impl Clients {
+    fn new(policy: Arc<OutboundPolicy>) -> Result<Clients, reqwest::Error> {
+        let clients = Clients {
+            built: (0..policy.entries()).map(|_| OnceLock::new()).collect(),
+            policy,
+        };
+        // The default entry's client now, so a builder error stops the start.
+        let (index, rule) = clients.policy.rule_for(crate::tenant::DEFAULT_TENANT);
+        clients.get(index, rule)?;
+        Ok(clients)
+    }
+
+    fn get(&self, index: usize, rule: &Arc<Rule>) -> Result<reqwest::Client, reqwest::Error> {
+        let slot = &self.built[index];
+        if let Some(client) = slot.get() {
+            return Ok(client.clone());
+        }
+        let client = client_builder()
+            .dns_resolver(Arc::new(PolicyResolver::new(Arc::clone(rule))))
+            .build()?;
+        // Two first calls may both build one; either serves, the other is dropped.
+        Ok(slot.get_or_init(|| client).clone())
+    }
+}
+
+/// Every participant client's settings, whichever entry of the policy it serves.
+fn client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        // A followed redirect would deliver the call to a URL nobody registered (and
+        // defeat any check of where calls may go); the 3xx is reported instead.
+        .redirect(reqwest::redirect::Policy::none())
+        // Through a proxy, the resolver would check the proxy's address, not the
+        // participant's: calls go direct, so the outbound policy judges where they go.
+        .no_proxy()
 }
 
 /// Bytes of a response body kept in an error message.
@@ -76,31 +134,51 @@ impl HttpTransport {
         HttpTransport::with_answer_limit(DEFAULT_MAX_ANSWER_BYTES)
     }
 
-    /// Reads at most `max_answer` bytes of each answer's body.
+    /// Reads at most `max_answer` bytes of each answer's body; no policy file (every
+    /// http(s) URL but the always-denied addresses).
     pub fn with_answer_limit(max_answer: usize) -> Result<HttpTransport, reqwest::Error> {
+        HttpTransport::with_policy(max_answer, Arc::default())
+    }
+
+    /// Reads at most `max_answer` bytes of each answer's body; calls only what `policy`
+    /// allows.
+    pub fn with_policy(
+        max_answer: usize,
+        policy: Arc<OutboundPolicy>,
+    ) -> Result<HttpTransport, reqwest::Error> {
         install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .pool_max_idle_per_host(256)
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(5))
-            // A followed redirect would deliver the call to a URL nobody registered (and
-            // defeat any check of where calls may go); the 3xx is reported instead.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
         Ok(HttpTransport {
-            client,
+            clients: Arc::new(Clients::new(policy)?),
             max_answer: max_answer.max(1),
             signing_key: None,
         })
     }
 
-    /// The transport a server configuration describes: its answer bound and signing key.
+    /// The transport a server configuration describes: its answer bound, outbound
+    /// policy and signing key.
     pub fn for_server(
         config: &crate::server::ServerConfig,
     ) -> Result<HttpTransport, reqwest::Error> {
-        let mut transport = HttpTransport::with_answer_limit(config.max_answer_bytes)?;
+        let mut transport = HttpTransport::with_policy(
+            config.max_answer_bytes,
+            Arc::clone(&config.outbound_policy),
+        )?;
         transport.signing_key = config.signing_key.clone();
         Ok(transport)
+    }
+
+    /// The client for `request`'s tenant, once its URL passed the tenant's entry.
+    fn client_for(
+        &self,
+        request: &CallRequest,
+        url: &reqwest::Url,
+    ) -> Result<reqwest::Client, String> {
+        let (index, rule) = self.clients.policy.rule_for(&request.tenant);
+        rule.check_url(url)
+            .map_err(|refusal| format!("{DENIED_PREFIX} {refusal}"))?;
+        self.clients
+            .get(index, rule)
+            .map_err(|e| format!("cannot build the HTTP client: {}", describe(&e)))
     }
 
     /// The `Idem-Signature` of a call to `url` with `body`, signed now; `None` unsigned.
@@ -130,11 +208,13 @@ impl HttpTransport {
 impl Transport for HttpTransport {
     async fn call(&self, request: &CallRequest) -> CallResult {
         let started = Instant::now();
-        let url = match Self::url(request) {
-            Ok(url) => url,
+        let checked = Self::url(request)
+            .and_then(|url| self.client_for(request, &url).map(|client| (url, client)));
+        let (url, client) = match checked {
+            Ok(checked) => checked,
             Err(e) => {
                 return CallResult {
-                    outcome: CallOutcome::Unknown(e),
+                    outcome: CallOutcome::Unknown(redact_userinfo(&e).into_owned()),
                     status: None,
                     duration: started.elapsed(),
                     fault: None,
@@ -149,10 +229,11 @@ impl Transport for HttpTransport {
             ("POST", request.payload.as_str())
         };
         let signature = self.signature(method, &url, body.as_bytes());
+        // reqwest moves a URL's userinfo into an `Authorization: Basic` header.
         let builder = if get {
-            self.client.get(url)
+            client.get(url)
         } else {
-            self.client
+            client
                 .post(url)
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(request.payload.clone())
@@ -184,11 +265,23 @@ impl Transport for HttpTransport {
             }
         };
         CallResult {
-            outcome,
+            outcome: redact_outcome(outcome),
             status,
             duration: started.elapsed(),
             fault: None,
         }
+    }
+}
+
+/// The outcome with its detail's userinfo redacted: the detail is stored, shown and
+/// logged, and a redirect's `Location` or an error's URL may carry credentials.
+fn redact_outcome(outcome: CallOutcome) -> CallOutcome {
+    let clean = |detail: String| redact_userinfo(&detail).into_owned();
+    match outcome {
+        CallOutcome::Success => CallOutcome::Success,
+        CallOutcome::Failure(d) => CallOutcome::Failure(clean(d)),
+        CallOutcome::InProgress(d) => CallOutcome::InProgress(clean(d)),
+        CallOutcome::Unknown(d) => CallOutcome::Unknown(clean(d)),
     }
 }
 
@@ -281,6 +374,9 @@ fn snippet(body: &str) -> String {
 }
 
 fn describe(e: &reqwest::Error) -> String {
+    if let Some(refusal) = refusal_in(e) {
+        return format!("{DENIED_PREFIX} {refusal}");
+    }
     if e.is_timeout() {
         "timed out".to_owned()
     } else if e.is_connect() {
@@ -288,6 +384,19 @@ fn describe(e: &reqwest::Error) -> String {
     } else {
         e.to_string()
     }
+}
+
+/// The outbound policy's refusal a failed call carries, if that is why it failed: the
+/// resolver's error sits a few sources down reqwest's error.
+fn refusal_in(e: &reqwest::Error) -> Option<&Refusal> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = source {
+        if let Some(refusal) = error.downcast_ref::<Refusal>() {
+            return Some(refusal);
+        }
+        source = error.source();
+    }
+    None
 }
 
 /// reqwest and sqlx share rustls with the ring provider; it must be chosen once per process.

@@ -37,6 +37,9 @@ pub struct AppState {
     pub auth: Arc<auth::Auth>,
     /// The cap on a tenant's unfinished transactions.
     pub active_cap: active_cap::ActiveCap,
+    /// Where participant calls may go: every URL a request names is checked against its
+    /// tenant's entry before anything is stored.
+    pub outbound_policy: Arc<crate::outbound::OutboundPolicy>,
 }
 
 impl AppState {
@@ -47,6 +50,16 @@ impl AppState {
             Err(refused) if self.engine.find(key).await?.is_none() => Err(refused),
             _ => Ok(()),
         }
+    }
+
+    /// The outbound policy's check of the participant URLs `(field, url)` a request
+    /// names, for `tenant`: `400 url_not_allowed` naming the field and the rule.
+    pub fn check_outbound<'a>(
+        &self,
+        tenant: &str,
+        urls: impl IntoIterator<Item = (String, &'a str)>,
+    ) -> Result<(), error::ApiError> {
+        validate::check_outbound(&self.outbound_policy, tenant, urls)
     }
 }
 

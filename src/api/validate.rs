@@ -136,10 +136,38 @@ pub fn check_url(field: &str, url: &str) -> Result<(), ApiError> {
             "invalid_url",
             format!(
                 "{field} must be an absolute http:// or https:// URL without control characters (got {})",
-                shown(url)
+                shown(&crate::outbound::redact_userinfo(url))
             ),
         )),
     }
+}
+
+/// The outbound policy's registration check of URLs that passed [`check_url`]. The
+/// message names the field and the rule; the URL itself is not repeated, so no
+/// credentials are echoed.
+pub fn check_outbound<'a>(
+    policy: &crate::outbound::OutboundPolicy,
+    tenant: &str,
+    urls: impl IntoIterator<Item = (String, &'a str)>,
+) -> Result<(), ApiError> {
+    for (field, url) in urls {
+        policy.check_url(tenant, url).map_err(|refusal| {
+            ApiError::bad_request(
+                crate::outbound::URL_NOT_ALLOWED,
+                format!("{field} is not allowed by the outbound policy: {refusal}"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// The URLs of branch operations about to be registered, named as in their requests
+/// (`branch 01 confirm`).
+pub fn branch_urls(branches: &[crate::core::Branch]) -> impl Iterator<Item = (String, &str)> {
+    branches.iter().map(|b| {
+        let field = format!("branch {} {}", b.branch_id, b.action.op());
+        (field, b.url.as_str())
+    })
 }
 
 /// The per-transaction bounds an operator sets (`--max-branches`,

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -207,6 +208,13 @@ pub struct ServeArgs {
     /// past it is refused (429 tenant_active_limit). 0: no cap.
     #[arg(long, env = "IDEM_MAX_ACTIVE_PER_TENANT", default_value_t = 0)]
     pub max_active_per_tenant: u64,
+    /// Where participant calls may go, per tenant: a TOML file with a `[default]` table
+    /// and `[tenants.<name>]` tables of `schemes`, `hosts`, `host_suffixes`, `cidrs` and
+    /// `ports` (docs/security.md). URLs are checked when registered (400
+    /// url_not_allowed) and the addresses they resolve to when called. None: every
+    /// http(s) URL but link-local and cloud metadata addresses.
+    #[arg(long, env = "IDEM_OUTBOUND_POLICY", value_name = "PATH")]
+    pub outbound_policy: Option<PathBuf>,
 }
 
 fn parse_tenant(name: &str) -> Result<String, String> {
@@ -240,7 +248,7 @@ where
 }
 
 /// The server configuration the flags describe; fails on an unreadable or invalid
-/// signing key.
+/// signing key or outbound policy.
 pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
     let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
     config.engine.node_is_unique = args.node.is_some();
@@ -293,6 +301,9 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
     };
     config.insecure = args.insecure;
     config.max_active_per_tenant = args.max_active_per_tenant;
+    if let Some(path) = &args.outbound_policy {
+        config.outbound_policy = Arc::new(crate::outbound::OutboundPolicy::load(path)?);
+    }
     Ok(config)
 }
 

@@ -138,7 +138,8 @@ pub struct EventLog;
 impl Observer for EventLog {
     fn changed(&self, before: &Transaction, after: &Transaction) {
         let (gid, kind, status) = (after.gid.as_str(), after.kind.as_str(), after.status);
-        let reason = why(after);
+        let why = why(after);
+        let reason = why.as_ref();
         let from = before.status.as_str();
         macro_rules! line {
             ($level:ident, $message:literal) => {
@@ -162,7 +163,7 @@ impl Observer for EventLog {
                 gid = after.gid,
                 kind = after.kind.as_str(),
                 status = after.status.as_str(),
-                reason = why(after),
+                reason = why(after).as_ref(),
                 "transaction force-stopped by an operator"
             );
         }
@@ -182,9 +183,12 @@ impl Observer for EventLog {
     }
 }
 
-fn why(tx: &Transaction) -> &str {
-    tx.reason
+/// Redacted: a reason or an error can quote a URL with its userinfo.
+fn why(tx: &Transaction) -> std::borrow::Cow<'_, str> {
+    let text = tx
+        .reason
         .as_deref()
         .or(tx.last_error.as_deref())
-        .unwrap_or("")
+        .unwrap_or("");
+    crate::outbound::redact_userinfo(text)
 }

@@ -26,6 +26,8 @@ pub struct Call {
     pub tracestate: Option<String>,
     /// The `Idem-Tenant` header: set for tenants other than the default.
     pub tenant: Option<String>,
+    /// The `Authorization` header (Basic, from a URL's userinfo).
+    pub authorization: Option<String>,
     /// When the call arrived.
     pub at: std::time::Instant,
 }
@@ -81,6 +83,7 @@ async fn handle(
     };
     let agent = header("user-agent").unwrap_or_default();
     let (traceparent, tracestate) = (header("traceparent"), header("tracestate"));
+    let authorization = header("authorization");
     let path = uri.path().to_owned();
     let rule = {
         let mut rules = inner.rules.lock().unwrap();
@@ -108,6 +111,7 @@ async fn handle(
         traceparent,
         tracestate,
         tenant: header("idem-tenant"),
+        authorization,
         at,
     });
     inner.changed.notify_waiters();

@@ -18,12 +18,13 @@ use crate::api::AppState;
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::validate::{
-    DTM_DEFAULT_LIST_LIMIT, check_id, check_payload, check_reason, check_url, decode_cursor,
-    list_limit, parse_body, registration_error,
+    DTM_DEFAULT_LIST_LIMIT, branch_urls, check_id, check_payload, check_reason, check_url,
+    decode_cursor, list_limit, parse_body, registration_error,
 };
 use crate::auth::Role;
 use crate::core::{Action, Branch, Kind, SagaStep, Status};
 use crate::engine::{EngineError, NewPrepared, NewSaga};
+use crate::outbound::redact::redacted;
 use crate::store::{ListFilter, StoredTx};
 use crate::tenant::client_gid;
 
@@ -46,6 +47,7 @@ pub(super) async fn prepare(
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
     let t = parse_for(&caller, body, &app)?;
+    check_outbound(&app, caller.tenant(), &t)?;
     if t.kind == Kind::Saga {
         return Err(ApiError::bad_request(
             "invalid_request",
@@ -95,6 +97,28 @@ async fn create_prepared(
     Ok(created.stored)
 }
 
+/// The outbound policy's check of a creating request's URLs (a TCC's submit names none;
+/// an abort's are not checked: they are what is stored, and aborting must not depend on
+/// today's policy).
+fn check_outbound(app: &AppState, tenant: &str, t: &Trans) -> Result<(), ApiError> {
+    let steps = t
+        .steps
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (action, compensate, _))| {
+            let action = (format!("steps[{i}].action"), action.as_str());
+            let compensate = (!compensate.is_empty())
+                .then(|| (format!("steps[{i}].compensate"), compensate.as_str()));
+            std::iter::once(action).chain(compensate)
+        });
+    let query = t
+        .query_prepared
+        .iter()
+        .filter(|url| !url.is_empty())
+        .map(|url| ("query_prepared".to_owned(), url.as_str()));
+    app.check_outbound(tenant, steps.chain(query))
+}
+
 pub(super) async fn submit(
     State(app): State<Arc<AppState>>,
     caller: Caller,
@@ -102,6 +126,7 @@ pub(super) async fn submit(
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
     let t = parse_for(&caller, body, &app)?;
+    check_outbound(&app, caller.tenant(), &t)?;
     match t.kind {
         Kind::Saga => {
             if t.steps.is_empty() {
@@ -165,12 +190,13 @@ async fn finish(app: &AppState, t: &Trans) -> DtmResult {
     let stored = app.engine.wait_settled(&t.gid, app.wait_timeout).await?;
     Ok(match stored.tx.status {
         Status::Succeeded => success(),
-        Status::Failed => failure(stored.tx.reason.unwrap_or_else(|| "failed".into())),
+        Status::Failed => {
+            let reason = redacted(&stored.tx.reason);
+            failure(reason.unwrap_or_else(|| "failed".into()))
+        }
         other => ongoing(format!(
             "the transaction is {other}{}",
-            stored
-                .tx
-                .last_error
+            redacted(&stored.tx.last_error)
                 .map(|e| format!(": {e}"))
                 .unwrap_or_default()
         )),
@@ -271,6 +297,7 @@ pub(super) async fn register_branch(
         Branch::new(&branch_id, Action::Confirm, 0, confirm, &payload, now),
         Branch::new(&branch_id, Action::Cancel, 0, cancel, &payload, now),
     ];
+    app.check_outbound(caller.tenant(), branch_urls(&branches))?;
     match app.engine.register(&caller.key(&gid), branches).await {
         Ok(()) => Ok(success()),
         Err(EngineError::NotPrepared(status)) => Ok(failure(format!(

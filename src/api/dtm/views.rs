@@ -4,6 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::core::{Action, Branch, BranchStatus, Status};
+use crate::outbound::redact::{redact_userinfo, redacted};
 use crate::store::StoredTx;
 use crate::timestamp::rfc3339;
 
@@ -47,8 +48,8 @@ pub(super) fn global_view(stored: &StoredTx) -> Value {
                 .iter()
                 .find(|b| b.action == Action::Compensate && b.branch_id == a.branch_id);
             match compensate {
-                Some(c) => json!({"action": a.url, "compensate": c.url}),
-                None => json!({"action": a.url}),
+                Some(c) => json!({"action": redact_userinfo(&a.url), "compensate": redact_userinfo(&c.url)}),
+                None => json!({"action": redact_userinfo(&a.url)}),
             }
         })
         .collect();
@@ -57,7 +58,7 @@ pub(super) fn global_view(stored: &StoredTx) -> Value {
         .branches
         .iter()
         .find(|b| b.action == Action::QueryPrepared)
-        .map(|b| b.url.as_str());
+        .map(|b| redact_userinfo(&b.url));
     let mut view = json!({
         "gid": crate::tenant::client_gid(&tx.gid),
         "trans_type": tx.kind.as_str(),
@@ -74,7 +75,7 @@ pub(super) fn global_view(stored: &StoredTx) -> Value {
         })).expect("serialisable"),
         // idem's additions: retry count, last error, and why it stalled.
         "retry_count": tx.attempts,
-        "last_error": tx.last_error,
+        "last_error": redacted(&tx.last_error),
     });
     let map = view.as_object_mut().expect("object");
     if !steps.is_empty() {
@@ -88,7 +89,7 @@ pub(super) fn global_view(stored: &StoredTx) -> Value {
         map.insert("finish_time".into(), json!(rfc3339(at)));
     }
     if let (Status::Failed | Status::Aborting, Some(reason)) = (tx.status, &tx.reason) {
-        map.insert("rollback_reason".into(), json!(reason));
+        map.insert("rollback_reason".into(), json!(redact_userinfo(reason)));
     }
     if let Some(at) = tx.next_attempt_at {
         map.insert("next_cron_time".into(), json!(rfc3339(at)));
@@ -116,14 +117,14 @@ pub(super) fn branch_view(gid: &str, b: &Branch) -> Value {
     };
     let mut view = json!({
         "gid": gid,
-        "url": b.url,
+        "url": redact_userinfo(&b.url),
         "bin_data": base64(b.payload.as_bytes()),
         "branch_id": b.branch_id,
         "op": b.action.op(),
         "status": status,
         "update_time": rfc3339(b.updated_at),
         "attempts": b.attempts,
-        "last_error": b.last_error,
+        "last_error": redacted(&b.last_error),
     });
     if let Some(at) = b.finished_at {
         view["finish_time"] = json!(rfc3339(at));

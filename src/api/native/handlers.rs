@@ -21,8 +21,8 @@ use crate::api::AppState;
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::validate::{
-    DEFAULT_LIST_LIMIT, check_id, check_reason, check_url, decode_cursor, list_limit, parse_body,
-    registration_error,
+    DEFAULT_LIST_LIMIT, branch_urls, check_id, check_reason, check_url, decode_cursor, list_limit,
+    parse_body, registration_error,
 };
 use crate::auth::Role;
 use crate::core::{Action, Branch, CallOutcome, Kind, Status};
@@ -52,6 +52,7 @@ pub(super) async fn create(
     let defaults = &app.engine.config().defaults;
     let checked = check_create(body, defaults, &app.limits, app.engine.now())?;
     let key = caller.key(&checked.gid);
+    app.check_outbound(caller.tenant(), checked.new.urls())?;
     app.admit_create(caller.tenant(), &key).await?;
     let trace = crate::trace::from_headers(&headers);
     let outcome = match checked.new {
@@ -128,6 +129,7 @@ pub(super) async fn register(
             now,
         ));
     }
+    app.check_outbound(caller.tenant(), branch_urls(&branches))?;
     app.engine
         .register(&key, branches)
         .await

@@ -12,8 +12,8 @@ use utoipa::{IntoParams, ToSchema};
 use crate::api::error::ApiError;
 use crate::api::validate::{
     Given, Limits, MAX_ATTEMPTS, MAX_IN_PROGRESS, MAX_RETRY_INTERVAL, Overrides, REQUEST_TIMEOUT,
-    RETRY_INTERVAL, TIMEOUT, check_branch_count, check_id, check_payload, check_url, parse_body,
-    parse_orders,
+    RETRY_INTERVAL, TIMEOUT, branch_urls, check_branch_count, check_id, check_payload, check_url,
+    parse_body, parse_orders,
 };
 use crate::core::{Action, Branch, Kind, Millis, SagaStep, TxOptions};
 use crate::engine::{NewPrepared, NewSaga};
@@ -184,6 +184,40 @@ pub(super) fn identity(mut request: Value) -> Value {
 pub enum NewTransaction {
     Saga(NewSaga),
     Prepared(NewPrepared),
+}
+
+impl NewTransaction {
+    /// Every participant URL of the request, named by its field.
+    pub fn urls(&self) -> Vec<(String, &str)> {
+        match self {
+            NewTransaction::Saga(saga) => saga
+                .steps
+                .iter()
+                .enumerate()
+                .flat_map(|(i, s)| {
+                    [
+                        (format!("steps[{i}].action"), s.action.as_str()),
+                        (format!("steps[{i}].compensate"), s.compensate.as_str()),
+                    ]
+                })
+                .collect(),
+            NewTransaction::Prepared(prepared) => {
+                let steps = prepared
+                    .msg_steps
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (url, _))| (format!("steps[{i}].action"), url.as_str()));
+                let query = prepared
+                    .query_prepared
+                    .iter()
+                    .map(|url| ("query_prepared".to_owned(), url.as_str()));
+                branch_urls(&prepared.branches)
+                    .chain(steps)
+                    .chain(query)
+                    .collect()
+            }
+        }
+    }
 }
 
 /// A checked create request and how to answer it.

@@ -5,6 +5,7 @@
 pub use idem_types::{BranchView, PageView, TxView};
 
 use crate::core::Transaction;
+use crate::outbound::redact::{redact_userinfo, redacted};
 use crate::store::{AttemptRecord, Page, StoredTx};
 use crate::tenant::{client_gid, split_key};
 
@@ -20,7 +21,8 @@ pub fn page_view(page: &Page) -> PageView {
     }
 }
 
-/// A stored transaction as the API shows it, with its history of calls when given.
+/// A stored transaction as the API shows it, with its history of calls when given. URLs'
+/// userinfo is `***` in every field that can hold one (see `outbound::redact`).
 pub fn tx_view(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView {
     let tx: &Transaction = &stored.tx;
     let (tenant, gid) = split_key(&tx.gid);
@@ -30,8 +32,8 @@ pub fn tx_view(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView
         kind: tx.kind,
         status: tx.status,
         stalled_from: tx.stalled_from,
-        reason: tx.reason.clone(),
-        last_error: tx.last_error.clone(),
+        reason: redacted(&tx.reason),
+        last_error: redacted(&tx.last_error),
         attempts: tx.attempts,
         timeout_at: tx.timeout_at,
         next_attempt_at: tx.next_attempt_at,
@@ -45,18 +47,26 @@ pub fn tx_view(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView
             .map(|b| BranchView {
                 branch_id: b.branch_id.clone(),
                 action: b.action,
-                url: b.url.clone(),
+                url: redact_userinfo(&b.url).into_owned(),
                 payload: b.payload.clone(),
                 status: b.status,
                 attempts: b.attempts,
                 next_attempt_at: b.next_attempt_at,
-                last_error: b.last_error.clone(),
+                last_error: redacted(&b.last_error),
                 in_progress_since: b.in_progress_since,
                 updated_at: b.updated_at,
                 finished_at: b.finished_at,
             })
             .collect(),
-        history,
+        history: history.map(|records| {
+            records
+                .into_iter()
+                .map(|record| AttemptRecord {
+                    detail: redacted(&record.detail),
+                    ..record
+                })
+                .collect()
+        }),
     }
 }
 
