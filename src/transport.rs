@@ -78,6 +78,13 @@ impl HttpTransport {
 
     /// Reads at most `max_answer` bytes of each answer's body.
     pub fn with_answer_limit(max_answer: usize) -> Result<HttpTransport, reqwest::Error> {
+        HttpTransport::build(max_answer, &crate::tls::OutboundTls::default())
+    }
+
+    fn build(
+        max_answer: usize,
+        tls: &crate::tls::OutboundTls,
+    ) -> Result<HttpTransport, reqwest::Error> {
         install_crypto_provider();
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
@@ -85,8 +92,8 @@ impl HttpTransport {
             .connect_timeout(Duration::from_secs(5))
             // A followed redirect would deliver the call to a URL nobody registered (and
             // defeat any check of where calls may go); the 3xx is reported instead.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
+            .redirect(reqwest::redirect::Policy::none());
+        let client = tls.apply(client).build()?;
         Ok(HttpTransport {
             client,
             max_answer: max_answer.max(1),
@@ -94,11 +101,12 @@ impl HttpTransport {
         })
     }
 
-    /// The transport a server configuration describes: its answer bound and signing key.
+    /// The transport a server configuration describes: its answer bound, signing key and
+    /// outbound TLS.
     pub fn for_server(
         config: &crate::server::ServerConfig,
     ) -> Result<HttpTransport, reqwest::Error> {
-        let mut transport = HttpTransport::with_answer_limit(config.max_answer_bytes)?;
+        let mut transport = HttpTransport::build(config.max_answer_bytes, &config.outbound_tls)?;
         transport.signing_key = config.signing_key.clone();
         Ok(transport)
     }
