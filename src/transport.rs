@@ -290,12 +290,24 @@ fn snippet(body: &str) -> String {
 
 fn describe(e: &reqwest::Error) -> String {
     if e.is_timeout() {
-        "timed out".to_owned()
-    } else if e.is_connect() {
+        return "timed out".to_owned();
+    }
+    let mut text = if e.is_connect() {
         format!("connection failed: {e}")
     } else {
         e.to_string()
+    };
+    // reqwest's own text names only the URL; why (refused, an untrusted certificate, a
+    // TLS alert) is further down the chain, and that is what an operator needs.
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !text.contains(&c_text) {
+            text = format!("{text}: {c_text}");
+        }
+        cause = c.source();
     }
+    text
 }
 
 /// reqwest and sqlx share rustls with the ring provider; it must be chosen once per process.
