@@ -47,11 +47,15 @@ impl CertResolver {
     }
 
     /// Rereads the files and serves them from the next handshake on; on an error the
-    /// certificate being served stays.
-    pub fn reload(&self) -> Result<(), TlsError> {
-        let fresh = Arc::new(load_pair(&self.files)?);
-        *self.current.write().expect("poisoned") = fresh;
-        Ok(())
+    /// certificate being served stays. Whether the certificate changed.
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let fresh = load_pair(&self.files)?;
+        let mut current = self.current.write().expect("poisoned");
+        if current.cert == fresh.cert {
+            return Ok(false);
+        }
+        *current = Arc::new(fresh);
+        Ok(true)
     }
 
     /// The certificate chain being served.
@@ -82,7 +86,9 @@ impl CertResolver {
                 () = tick(interval) => "interval",
             };
             match self.reload() {
-                Ok(()) => tracing::info!(
+                // Every few minutes, the same files: nothing to say.
+                Ok(false) => tracing::debug!(trigger = why, "the TLS certificate is unchanged"),
+                Ok(true) => tracing::info!(
                     trigger = why,
                     cert = %self.files.cert_file.display(),
                     "reloaded the TLS certificate"
@@ -187,8 +193,9 @@ mod tests {
         assert_eq!(resolver.current().cert[0], first);
 
         std::fs::copy(&other_key, &tls.key_file).unwrap();
-        resolver.reload().unwrap();
+        assert!(resolver.reload().unwrap());
         assert_ne!(resolver.current().cert[0], first);
+        assert!(!resolver.reload().unwrap(), "the same files again");
     }
 
     #[test]
