@@ -1,9 +1,10 @@
 //! TLS on real `idem serve` processes, with certificates made at test time (see
 //! [`pki`]): the API over HTTPS, its certificate reloaded on SIGHUP (new connections get
 //! the new one, open ones go on, a broken replacement keeps the old one and is logged at
-//! error level), a silent connection closed by the read timeout, half a pair refused at
-//! start; and calls to a participant that requires a client certificate, which succeed
-//! with the CA bundle and the client certificate and fail without either.
+//! error level) and at its interval, a silent connection closed by the read timeout, half
+//! a pair refused at start; and calls to a participant that requires a client
+//! certificate, which succeed with the CA bundle and the client certificate and fail
+//! without either.
 //!
 //! Storage plays no part in any of this: every test runs on SQLite only.
 
@@ -172,6 +173,24 @@ async fn serves_https_and_reloads_its_certificate_on_sighup() {
     assert_eq!(open.get_ref().1.peer_certificates().unwrap()[0], first.der);
     assert_eq!(logged(&log, RELOAD_FAILED), 1);
     drop(idem);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_at_its_interval_without_a_signal() {
+    let (db, dir, ca) = setup("tls_reload_interval").await;
+    let first = ca.issue("idem-first", Usage::Server);
+    let idem = serve_https(&db, &dir, &first, &["--tls-reload-interval-ms", "100"]);
+    let addr = addr(&idem);
+    assert_eq!(served(addr, &ca).await, first.der);
+
+    // A reload between the two writes fails and keeps the first; a later one takes both.
+    let second = ca.issue("idem-second", Usage::Server);
+    second.write(&dir, "server");
+    eventually("the next reload serves the new certificate", async || {
+        (served(addr, &ca).await == second.der).then_some(())
+    })
+    .await;
     db.drop_database().await;
 }
 

@@ -75,9 +75,18 @@ impl CertResolver {
         TlsAcceptor::from(Arc::new(config))
     }
 
-    /// Reloads on SIGHUP and at the configured interval until `stop`.
-    pub async fn keep_reloading(self: Arc<Self>, stop: CancellationToken) {
-        let mut hangup = hangups();
+    /// Reloads on SIGHUP and at the configured interval until `stop`. SIGHUP is caught
+    /// from this call on, not from the first poll of the future: one sent as soon as the
+    /// server says it listens must not find the default action (the end of the process).
+    pub fn keep_reloading(
+        self: Arc<Self>,
+        stop: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let hangup = hangups();
+        self.reload_until(hangup, stop)
+    }
+
+    async fn reload_until(self: Arc<Self>, mut hangup: Hangups, stop: CancellationToken) {
         let interval = self.files.reload_interval;
         loop {
             let why = tokio::select! {
