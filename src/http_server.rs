@@ -18,6 +18,11 @@
 //! - on stop, the listener closes, connections with a request in progress finish it
 //!   (hyper closes them after the response), and the others are dropped at once, so a
 //!   half-sent or idle connection cannot hold a stopping server.
+//!
+//! With TLS (see [`crate::tls`]), the handshake is part of reading a connection's first
+//! request: it must end within `read_timeout` of the accept, and the request within
+//! `read_timeout` of the ClientHello's first byte, so a client that connects and sends
+//! nothing, or stalls mid-handshake, frees its slot like one that stalls mid-request.
 
 use std::future::Future;
 use std::io;
@@ -34,6 +39,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
+use tokio_rustls::TlsAcceptor;
 
 /// The server's limits; defaults are those of `idem serve`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,11 +62,13 @@ impl Default for HttpLimits {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then stops as described above.
+/// Serves `app` on `listener` (over TLS with `tls`) until `shutdown` resolves, then stops
+/// as described above.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let max = limits.max_connections.max(1);
@@ -92,7 +100,14 @@ pub async fn serve(
         };
         // Small JSON answers go out at once instead of waiting for Nagle's timer.
         let _ = tcp.set_nodelay(true);
-        let conn = connection(tcp, app.clone(), limits, stopping.clone(), permit);
+        let conn = connection(
+            tcp,
+            app.clone(),
+            limits,
+            tls.clone(),
+            stopping.clone(),
+            permit,
+        );
         tokio::spawn(conn);
     }
     drop(listener);
@@ -115,14 +130,49 @@ async fn connection(
     tcp: TcpStream,
     app: Router,
     limits: HttpLimits,
+    tls: Option<TlsAcceptor>,
     mut stopping: watch::Receiver<()>,
     _permit: OwnedSemaphorePermit,
 ) {
     let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(Watched {
+    let watched = Watched {
         inner: tcp,
         activity: Arc::clone(&activity),
-    });
+    };
+    let Some(acceptor) = tls else {
+        return http(watched, activity, app, limits, stopping).await;
+    };
+    let handshake = tokio::time::timeout(limits.read_timeout, acceptor.accept(watched));
+    let stream = tokio::select! {
+        done = handshake => match done {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("closing a connection whose TLS handshake took past the read timeout");
+                return;
+            }
+        },
+        // Nothing to finish yet.
+        _ = stopping.changed() => return,
+    };
+    http(stream, activity, app, limits, stopping).await;
+}
+
+/// Serves HTTP/1.1 on one connection's byte stream until it ends, times out or the
+/// server stops.
+async fn http<S>(
+    io: S,
+    activity: Arc<Activity>,
+    app: Router,
+    limits: HttpLimits,
+    mut stopping: watch::Receiver<()>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let io = TokioIo::new(io);
     let service = {
         let activity = Arc::clone(&activity);
         hyper::service::service_fn(move |request: hyper::Request<Incoming>| {

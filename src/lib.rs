@@ -18,5 +18,6 @@ pub mod store;
 pub mod telemetry;
 pub mod tenant;
 pub mod timestamp;
+pub mod tls;
 pub mod trace;
 pub mod transport;

@@ -58,6 +58,10 @@ pub struct ServerConfig {
     pub rate_limit: api::rate_limit::RateLimitConfig,
     /// Where participant calls may go, per tenant (`--outbound-policy`; see `outbound`).
     pub outbound_policy: Arc<crate::outbound::OutboundPolicy>,
+    /// The API's certificate and key; `None`: plain HTTP.
+    pub tls: Option<crate::tls::ServerTls>,
+    /// Extra roots and a client certificate for calls to participants.
+    pub outbound_tls: crate::tls::OutboundTls,
 }
 
 impl ServerConfig {
@@ -83,6 +87,8 @@ impl ServerConfig {
             max_branch_payload_bytes: api::validate::DEFAULT_MAX_BRANCH_PAYLOAD_BYTES,
             rate_limit: api::rate_limit::RateLimitConfig::default(),
             outbound_policy: Arc::default(),
+            tls: None,
+            outbound_tls: crate::tls::OutboundTls::default(),
         }
     }
 }
@@ -90,6 +96,7 @@ impl ServerConfig {
 /// A coordinator running in this process.
 pub struct RunningServer {
     pub addr: SocketAddr,
+    https: bool,
     pub engine: Arc<Engine>,
     shutdown: tokio::sync::oneshot::Sender<()>,
     task: JoinHandle<()>,
@@ -100,9 +107,10 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// The base URL of the HTTP API, e.g. `http://127.0.0.1:8686`.
+    /// The base URL of the HTTP API, e.g. `http://127.0.0.1:8686` (`https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Stops gracefully: no new claims or rounds, open `wait_result` requests answered at
@@ -150,6 +158,12 @@ pub async fn start_with(
 ) -> Result<RunningServer, Box<dyn std::error::Error + Send + Sync>> {
     crate::transport::install_crypto_provider();
     check_exposure(&config)?;
+    // Unusable certificate files fail the start before anything else is opened.
+    let certs = config
+        .tls
+        .clone()
+        .map(crate::tls::CertResolver::load)
+        .transpose()?;
     let store =
         store::open_when_ready(&config.database_url, &config.connect, config.database_wait).await?;
     crate::metrics::install();
@@ -198,12 +212,19 @@ pub async fn start_with(
         config.metrics_sample_interval,
         clock_sync.clone(),
     ));
-    let task = tokio::spawn(http_server::serve(listener, app, config.http, async move {
+    let acceptor = certs.map(|certs| {
+        tokio::spawn(Arc::clone(&certs).keep_reloading(clock_sync.clone()));
+        certs.acceptor()
+    });
+    let https = acceptor.is_some();
+    let serving = http_server::serve(listener, app, config.http, acceptor, async move {
         let _ = rx.await;
-    }));
+    });
+    let task = tokio::spawn(serving);
     tracing::info!(%addr, database = engine.database(), node = engine.config().node, "idem is serving");
     Ok(RunningServer {
         addr,
+        https,
         engine,
         shutdown: tx,
         task,

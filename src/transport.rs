@@ -22,6 +22,8 @@
 //! call that got no answer. Details never carry a URL's userinfo.
 
 use std::collections::BTreeMap;
+
+use crate::tls::OutboundTls;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -77,15 +79,18 @@ pub struct HttpTransport {
 /// host name, so the entry it checks against is the client's.
 struct Clients {
     policy: Arc<OutboundPolicy>,
+    /// Extra roots and the client certificate, the same for every entry's client.
+    tls: OutboundTls,
     /// By entry index; once built, taken without a lock.
     built: Vec<OnceLock<reqwest::Client>>,
 }
 
 impl Clients {
-    fn new(policy: Arc<OutboundPolicy>) -> Result<Clients, reqwest::Error> {
+    fn new(policy: Arc<OutboundPolicy>, tls: OutboundTls) -> Result<Clients, reqwest::Error> {
         let clients = Clients {
             built: (0..policy.entries()).map(|_| OnceLock::new()).collect(),
             policy,
+            tls,
         };
         // The default entry's client now, so a builder error stops the start.
         let (index, rule) = clients.policy.rule_for(crate::tenant::DEFAULT_TENANT);
@@ -98,9 +103,9 @@ impl Clients {
         if let Some(client) = slot.get() {
             return Ok(client.clone());
         }
-        let client = client_builder()
-            .dns_resolver(Arc::new(PolicyResolver::new(Arc::clone(rule))))
-            .build()?;
+        let builder =
+            client_builder().dns_resolver(Arc::new(PolicyResolver::new(Arc::clone(rule))));
+        let client = self.tls.apply(builder).build()?;
         // Two first calls may both build one; either serves, the other is dropped.
         Ok(slot.get_or_init(|| client).clone())
     }
@@ -137,31 +142,33 @@ impl HttpTransport {
     /// Reads at most `max_answer` bytes of each answer's body; no policy file (every
     /// http(s) URL but the always-denied addresses).
     pub fn with_answer_limit(max_answer: usize) -> Result<HttpTransport, reqwest::Error> {
-        HttpTransport::with_policy(max_answer, Arc::default())
+        HttpTransport::with_policy(max_answer, Arc::default(), &OutboundTls::default())
     }
 
     /// Reads at most `max_answer` bytes of each answer's body; calls only what `policy`
-    /// allows.
+    /// allows, with `tls`'s extra roots and client certificate.
     pub fn with_policy(
         max_answer: usize,
         policy: Arc<OutboundPolicy>,
+        tls: &OutboundTls,
     ) -> Result<HttpTransport, reqwest::Error> {
         install_crypto_provider();
         Ok(HttpTransport {
-            clients: Arc::new(Clients::new(policy)?),
+            clients: Arc::new(Clients::new(policy, tls.clone())?),
             max_answer: max_answer.max(1),
             signing_key: None,
         })
     }
 
     /// The transport a server configuration describes: its answer bound, outbound
-    /// policy and signing key.
+    /// policy and TLS, and signing key.
     pub fn for_server(
         config: &crate::server::ServerConfig,
     ) -> Result<HttpTransport, reqwest::Error> {
         let mut transport = HttpTransport::with_policy(
             config.max_answer_bytes,
             Arc::clone(&config.outbound_policy),
+            &config.outbound_tls,
         )?;
         transport.signing_key = config.signing_key.clone();
         Ok(transport)
@@ -378,12 +385,24 @@ fn describe(e: &reqwest::Error) -> String {
         return format!("{DENIED_PREFIX} {refusal}");
     }
     if e.is_timeout() {
-        "timed out".to_owned()
-    } else if e.is_connect() {
+        return "timed out".to_owned();
+    }
+    let mut text = if e.is_connect() {
         format!("connection failed: {e}")
     } else {
         e.to_string()
+    };
+    // reqwest's own text names only the URL; why (refused, an untrusted certificate, a
+    // TLS alert) is further down the chain, and that is what an operator needs.
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !text.contains(&c_text) {
+            text = format!("{text}: {c_text}");
+        }
+        cause = c.source();
     }
+    text
 }
 
 /// The outbound policy's refusal a failed call carries, if that is why it failed: the

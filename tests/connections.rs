@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::post;
 use common::recorder::Recorder;
-use common::{Api, Child};
+use common::{Api, Child, exchange, read_response};
 use idem_participant::testing::{Backend, TestDatabase};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,32 +34,6 @@ fn addr(idem: &Child) -> SocketAddr {
 }
 
 const HEALTH: &[u8] = b"GET /health HTTP/1.1\r\nHost: idem\r\n\r\n";
-
-/// Sends one request on `s` and reads its response (head and `Content-Length` body).
-async fn exchange(s: &mut TcpStream, request: &[u8]) -> String {
-    s.write_all(request).await.unwrap();
-    read_response(s).await
-}
-
-async fn read_response(s: &mut TcpStream) -> String {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let text = String::from_utf8_lossy(&got).into_owned();
-        if let Some(end) = text.find("\r\n\r\n") {
-            let length = text[..end]
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length: "))
-                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
-            if got.len() >= end + 4 + length {
-                return text;
-            }
-        }
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed before a whole response: {text:?}");
-        got.extend_from_slice(&buf[..n]);
-    }
-}
 
 /// Reads until the server closes `s`; returns what it sent and when it closed.
 async fn until_closed(s: &mut TcpStream, limit: Duration) -> (String, Instant) {

@@ -345,7 +345,12 @@ mod tests {
                     continue;
                 }
                 let responses = operation["responses"].as_object().unwrap();
-                for status in ["400", "429", "500", "503"] {
+                for status in ["400", "401", "403", "429", "500", "503"] {
+                    // Listing and revoking tokens read no body (an id that is no token's
+                    // is a 404): no 400.
+                    if status == "400" && ["list_tokens", "revoke_token"].contains(&id) {
+                        continue;
+                    }
                     assert!(responses.contains_key(status), "{id} lacks {status}");
                 }
             }

@@ -298,10 +298,14 @@ const SECRET_WORDS: &[&str] = &[
     "header",
 ];
 
+/// Settings whose names hold one of those words but whose values are not secret: the
+/// authentication mode and how often tokens are reread.
+const NOT_SECRET: &[&str] = &["auth", "token_refresh_ms"];
+
 /// Whether an argument's value is a secret by its name.
 pub fn is_secret(id: &str) -> bool {
     let id = id.to_ascii_lowercase();
-    SECRET_WORDS.iter().any(|w| id.contains(w))
+    !NOT_SECRET.contains(&id.as_str()) && SECRET_WORDS.iter().any(|w| id.contains(w))
 }
 
 /// The effective configuration of the matched subcommand as TOML that `--config` reads

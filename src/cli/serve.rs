@@ -215,6 +215,29 @@ pub struct ServeArgs {
     /// http(s) URL but link-local and cloud metadata addresses.
     #[arg(long, env = "IDEM_OUTBOUND_POLICY", value_name = "PATH")]
     pub outbound_policy: Option<PathBuf>,
+    /// Serve the API over HTTPS with this certificate (PEM: the server's certificate, then
+    /// any intermediates); needs `--tls-key`. Neither: plain HTTP.
+    #[arg(long, env = "IDEM_TLS_CERT", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `--tls-cert` (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "IDEM_TLS_KEY", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+    /// How often the certificate and key files are reread, in ms (they are on SIGHUP
+    /// too); new connections get what was read, open ones keep theirs, and files that
+    /// cannot be used are logged and the certificate served stays. 0: on SIGHUP only.
+    #[arg(long, env = "IDEM_TLS_RELOAD_INTERVAL_MS", default_value_t = 300_000)]
+    pub tls_reload_interval_ms: u64,
+    /// Trust the CA certificates of this PEM bundle for calls to participants, besides
+    /// the system's roots.
+    #[arg(long, env = "IDEM_OUTBOUND_CA_FILE", value_name = "PATH")]
+    pub outbound_ca_file: Option<PathBuf>,
+    /// Present this client certificate (PEM) to participants that ask for one (mutual
+    /// TLS); needs `--outbound-client-key`.
+    #[arg(long, env = "IDEM_OUTBOUND_CLIENT_CERT", value_name = "PATH")]
+    pub outbound_client_cert: Option<PathBuf>,
+    /// The private key of `--outbound-client-cert` (PEM).
+    #[arg(long, env = "IDEM_OUTBOUND_CLIENT_KEY", value_name = "PATH")]
+    pub outbound_client_key: Option<PathBuf>,
 }
 
 fn parse_tenant(name: &str) -> Result<String, String> {
@@ -248,7 +271,8 @@ where
 }
 
 /// The server configuration the flags describe; fails on an unreadable or invalid
-/// signing key or outbound policy.
+/// signing key, outbound policy, outbound CA bundle or client certificate, or on half a
+/// TLS pair (the API's certificate files are read when the server starts).
 pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
     let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
     config.engine.node_is_unique = args.node.is_some();
@@ -304,6 +328,21 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
     if let Some(path) = &args.outbound_policy {
         config.outbound_policy = Arc::new(crate::outbound::OutboundPolicy::load(path)?);
     }
+    let pair = crate::tls::both(
+        ("--tls-cert", args.tls_cert.as_deref()),
+        ("--tls-key", args.tls_key.as_deref()),
+    )?;
+    config.tls = pair.map(|(cert, key)| crate::tls::ServerTls {
+        cert_file: cert.to_owned(),
+        key_file: key.to_owned(),
+        reload_interval: (args.tls_reload_interval_ms > 0)
+            .then(|| Duration::from_millis(args.tls_reload_interval_ms)),
+    });
+    config.outbound_tls = crate::tls::OutboundTls::load(
+        args.outbound_ca_file.as_deref(),
+        args.outbound_client_cert.as_deref(),
+        args.outbound_client_key.as_deref(),
+    )?;
     Ok(config)
 }
 

@@ -273,7 +273,7 @@ fn userinfo_is_redacted_wherever_a_url_appears() {
 async fn each_call_is_judged_by_its_tenants_entry_before_any_connection() {
     let policy = "[default]\n[tenants.acme]\ncidrs = [\"10.0.0.0/8\"]\n";
     let policy = Arc::new(OutboundPolicy::parse(policy).unwrap());
-    let transport = HttpTransport::with_policy(1024, policy).unwrap();
+    let transport = HttpTransport::with_policy(1024, policy, &Default::default()).unwrap();
     // Port 1 on loopback: nothing listens, so a call that is let through fails to
     // connect, and one that is not never tries.
     let call = |tenant: &str, url: &str| CallRequest {

@@ -163,6 +163,28 @@ impl Child {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Child {
+        Child::spawn(
+            database_url,
+            node,
+            extra,
+            env,
+            std::process::Stdio::inherit(),
+        )
+    }
+
+    /// [`Child::serve`] with its log (stderr) written to `log`.
+    pub fn serve_logged(database_url: &str, extra: &[&str], log: &std::path::Path) -> Child {
+        let file = std::fs::File::create(log).unwrap();
+        Child::spawn(database_url, "", extra, &[], file.into())
+    }
+
+    fn spawn(
+        database_url: &str,
+        node: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        stderr: std::process::Stdio,
+    ) -> Child {
         use std::io::BufRead;
         // An empty node name leaves `--node` out: the default name, as most users run it.
         let defaults = [
@@ -189,6 +211,7 @@ impl Child {
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
+            .stderr(stderr)
             .spawn()
             .expect("idem starts");
         let stdout = process.stdout.take().unwrap();
@@ -197,7 +220,7 @@ impl Child {
         reader.read_line(&mut line).unwrap();
         let url = line
             .split_whitespace()
-            .find(|w| w.starts_with("http://"))
+            .find(|w| w.starts_with("http://") || w.starts_with("https://"))
             .unwrap_or_else(|| panic!("unexpected first line from idem: {line:?}"))
             .to_owned();
         Child {
@@ -293,4 +316,37 @@ pub fn idem_command(args: &[&str], env: &[(&str, &str)]) -> std::process::Comman
         .env_remove("IDEM_DATABASE_URL")
         .envs(env.iter().copied());
     command
+}
+
+/// Sends one HTTP/1.1 request on a raw connection and reads its response.
+pub async fn exchange<S>(s: &mut S, request: &[u8]) -> String
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    s.write_all(request).await.unwrap();
+    read_response(s).await
+}
+
+/// Reads one HTTP/1.1 response (head and `Content-Length` body) from a raw connection,
+/// leaving the connection ready for the next.
+pub async fn read_response<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+            if got.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before a whole response: {text:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
 }

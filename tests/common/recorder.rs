@@ -122,10 +122,7 @@ async fn handle(
 
 impl Recorder {
     pub async fn start() -> Recorder {
-        let inner = Arc::new(Inner::default());
-        let app = Router::new()
-            .fallback(handle)
-            .with_state(Arc::clone(&inner));
+        let (inner, app) = Recorder::app();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -133,6 +130,43 @@ impl Recorder {
             base: format!("http://{addr}"),
             inner,
         }
+    }
+
+    /// A recorder served over TLS by `acceptor` (which may require client certificates):
+    /// only calls that got through the handshake are recorded.
+    pub async fn start_tls(acceptor: tokio_rustls::TlsAcceptor) -> Recorder {
+        let (inner, app) = Recorder::app();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(move |request| {
+                        tower::ServiceExt::oneshot(app.clone(), request)
+                    });
+                    let io = hyper_util::rt::TokioIo::new(tls);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await;
+                });
+            }
+        });
+        Recorder {
+            base: format!("https://{addr}"),
+            inner,
+        }
+    }
+
+    fn app() -> (Arc<Inner>, Router) {
+        let inner = Arc::new(Inner::default());
+        let app = Router::new()
+            .fallback(handle)
+            .with_state(Arc::clone(&inner));
+        (inner, app)
     }
 
     pub fn url(&self, path: &str) -> String {

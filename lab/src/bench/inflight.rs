@@ -111,11 +111,11 @@ pub(super) async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResu
         tokio::select! {
             done = &mut creating => { done?; break; }
             _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                most = most.max(store.count(&ACTIVE).await?);
+                most = most.max(store.count(None, &ACTIVE).await?);
             }
         }
     }
-    most = most.max(store.count(&ACTIVE).await?);
+    most = most.max(store.count(None, &ACTIVE).await?);
     let mut result = BenchResult {
         workload: format!("{:?}", config.workload).to_lowercase(),
         backend: config.backend.clone(),
@@ -128,11 +128,11 @@ pub(super) async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResu
         let _ = coordinator.child.wait().await;
         gate.held.store(false, std::sync::atomic::Ordering::SeqCst);
         gate.released.notify_waiters();
-        let unfinished = store.count(&ACTIVE).await?;
+        let unfinished = store.count(None, &ACTIVE).await?;
         let restart = Instant::now();
         coordinator =
             Coordinator::start(&config.idem_bin, &dbs.coordinator, false, &serve_args).await?;
-        while store.count(&ACTIVE).await? > 0 {
+        while store.count(None, &ACTIVE).await? > 0 {
             if restart.elapsed() > Duration::from_secs(600) {
                 return Err("recovery did not finish in 10 minutes".into());
             }
@@ -141,8 +141,8 @@ pub(super) async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResu
         result.recovery_seconds = Some(restart.elapsed().as_secs_f64());
         result.in_flight = Some(unfinished);
     } else {
-        while store.count(&ACTIVE).await? > 0 {
-            most = most.max(store.count(&ACTIVE).await?);
+        while store.count(None, &ACTIVE).await? > 0 {
+            most = most.max(store.count(None, &ACTIVE).await?);
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         result.in_flight = Some(most);
@@ -151,7 +151,10 @@ pub(super) async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResu
     result.per_second = config.inflight as f64 / result.seconds;
     result.coordinator_peak_rss_mb = coordinator.peak_rss_mb();
     let failed = store
-        .count(&[idem::core::Status::Failed, idem::core::Status::Stalled])
+        .count(
+            None,
+            &[idem::core::Status::Failed, idem::core::Status::Stalled],
+        )
         .await?;
     result.failures = failed;
     coordinator.stop().await;

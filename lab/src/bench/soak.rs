@@ -304,8 +304,8 @@ pub(super) async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     }
     let store =
         idem::server::open_store(&dbs.coordinator, &idem::store::ConnectOptions::default()).await?;
-    figures.left_unfinished = store.count(&ACTIVE).await?;
-    figures.stalled = store.count(&[Status::Stalled]).await?;
+    figures.left_unfinished = store.count(None, &ACTIVE).await?;
+    figures.stalled = store.count(None, &[Status::Stalled]).await?;
     drop(store);
 
     latencies.sort_unstable();
