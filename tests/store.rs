@@ -476,6 +476,70 @@ async fn list_filters_and_pages() {
     common::cleanup(dbs).await;
 }
 
+/// The tenant column is derived from the key in the database: a bare gid is the default
+/// tenant's (every row stored before tenants existed), `acme/x` is acme's; lists and counts
+/// by tenant see only their own, and the longest key fits on every database.
+#[tokio::test]
+async fn tenants_are_derived_from_the_key_and_filter_lists_and_counts() {
+    let dbs = common::stores("tenants_filter").await;
+    let longest = format!(
+        "{}/{}",
+        "t".repeat(idem::tenant::MAX_TENANT_LEN),
+        "g".repeat(idem::api::validate::MAX_ID_LEN)
+    );
+    for (db, store) in &dbs {
+        let b = db.backend;
+        for gid in [
+            "plain",
+            "acme/order-1",
+            "acme/order-2",
+            "globex/order-1",
+            longest.as_str(),
+        ] {
+            let created = store.create(&saga(gid), "h", None).await.unwrap();
+            assert!(
+                matches!(created, idem::store::Created::Inserted),
+                "{b}: {gid}"
+            );
+        }
+        let in_tenant = |tenant: &str| ListFilter {
+            tenant: Some(tenant.to_owned()),
+            limit: 100,
+            ..Default::default()
+        };
+        let gids = |page: idem::store::Page| -> Vec<String> {
+            let mut g: Vec<String> = page.items.into_iter().map(|s| s.tx.gid).collect();
+            g.sort();
+            g
+        };
+        assert_eq!(
+            gids(store.list(&in_tenant("acme")).await.unwrap()),
+            ["acme/order-1", "acme/order-2"],
+            "{b}"
+        );
+        assert_eq!(
+            gids(store.list(&in_tenant("default")).await.unwrap()),
+            ["plain"],
+            "{b}"
+        );
+        assert_eq!(
+            gids(store.list(&in_tenant("globex")).await.unwrap()),
+            ["globex/order-1"],
+            "{b}"
+        );
+        let running = [Status::Running];
+        assert_eq!(store.count(Some("acme"), &running).await.unwrap(), 2, "{b}");
+        assert_eq!(
+            store.count(Some("nobody"), &running).await.unwrap(),
+            0,
+            "{b}"
+        );
+        assert_eq!(store.count(None, &running).await.unwrap(), 5, "{b}");
+        assert!(store.load(&longest).await.unwrap().is_some(), "{b}");
+    }
+    common::cleanup(dbs).await;
+}
+
 #[tokio::test]
 async fn active_summary_counts_the_non_terminal_rows_by_status() {
     let dbs = common::stores("active_summary_counts_non_terminal").await;
