@@ -133,6 +133,41 @@ async fn tokens_issued_listed_and_revoked_by_the_cli() {
         );
         assert!(by_env.status.success(), "{name}: {}", stderr(&by_env));
 
+        // The operator's direct view reaches every tenant's rows by `tenant/gid`.
+        idem::transport::install_crypto_provider();
+        let created = reqwest::Client::new()
+            .post(format!("{}/api/v1/transactions", idem.url))
+            .bearer_auth(&token)
+            .json(&serde_json::json!({"gid": "p-1", "kind": "tcc"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status().as_u16(), 201, "{name}");
+        let listed = idem_run(&["tx", "list", "--database-url", &db.url], &[]);
+        assert!(
+            String::from_utf8_lossy(&listed.stdout).contains("acme/p-1"),
+            "{name}: {}",
+            stderr(&listed)
+        );
+        let shown = idem_run(
+            &[
+                "tx",
+                "show",
+                "acme/p-1",
+                "--database-url",
+                &db.url,
+                "--json",
+            ],
+            &[],
+        );
+        assert!(shown.status.success(), "{name}: {}", stderr(&shown));
+        let view: Value = serde_json::from_slice(&shown.stdout).unwrap();
+        assert_eq!(
+            (view["gid"].as_str(), view["tenant"].as_str()),
+            (Some("p-1"), Some("acme")),
+            "{name}"
+        );
+
         let out = token_cli(&["revoke", &id], &db.url);
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         let again = token_cli(&["revoke", &id], &db.url);

@@ -17,6 +17,25 @@ use crate::engine::{Engine, EngineConfig, EngineError, SystemClock};
 use crate::store::{self, ConnectOptions, ListFilter, Store};
 use crate::transport::HttpTransport;
 
+/// On the database every tenant's transactions are reachable: a gid of the default tenant,
+/// or `tenant/gid` (as the list shows it).
+fn check_key(key: &str) -> Result<(), ApiError> {
+    if let Some((tenant, _)) = key.split_once('/') {
+        crate::tenant::check_tenant(tenant).map_err(|e| ApiError::bad_request("invalid_gid", e))?;
+    }
+    check_id("gid", "invalid_gid", crate::tenant::client_gid(key))
+}
+
+/// A cursor of [`Direct::list`]: `<created_at>:<key>`.
+fn decode_key_cursor(cursor: &str) -> Result<(crate::core::Millis, String), ApiError> {
+    let (at, key) = cursor.split_once(':').unwrap_or(("", cursor));
+    let (at, _) = decode_cursor("cursor", &format!("{at}:g"))?;
+    check_key(key).map_err(|_| {
+        ApiError::bad_request("invalid_query", "the cursor is not one this command gave")
+    })?;
+    Ok((at, key.to_owned()))
+}
+
 pub(super) struct Direct {
     engine: Arc<Engine>,
     url: String,
@@ -81,7 +100,7 @@ impl Direct {
         let after = query
             .cursor
             .as_deref()
-            .map(|c| decode_cursor("cursor", c))
+            .map(decode_key_cursor)
             .transpose()
             .map_err(api_error)?;
         let filter = ListFilter {
@@ -96,11 +115,14 @@ impl Direct {
             .list(&filter)
             .await
             .map_err(|e| self.database_error(e.into()))?;
-        Ok(serde_json::to_value(page_view(&page))?)
+        let mut view = page_view(&page);
+        // Every tenant's rows are listed here: the cursor keeps the key, not the gid.
+        view.next_cursor = page.next.as_ref().map(|(at, key)| format!("{at}:{key}"));
+        Ok(serde_json::to_value(view)?)
     }
 
     pub(super) async fn show(&self, gid: &str) -> Result<Value, BoxError> {
-        check_id("gid", "invalid_gid", gid).map_err(api_error)?;
+        check_key(gid).map_err(api_error)?;
         let stored = self
             .engine
             .load(gid)
@@ -120,7 +142,7 @@ impl Direct {
         op: Operation,
         reason: &str,
     ) -> Result<Value, BoxError> {
-        check_id("gid", "invalid_gid", gid).map_err(api_error)?;
+        check_key(gid).map_err(api_error)?;
         check_reason("reason", Some(reason)).map_err(api_error)?;
         let engine = &self.engine;
         let stored = match op {

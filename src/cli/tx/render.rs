@@ -12,6 +12,8 @@ use crate::timestamp::rfc3339;
 #[derive(Debug, Deserialize)]
 struct Tx {
     gid: String,
+    #[serde(default = "default_tenant")]
+    tenant: String,
     kind: String,
     status: String,
     #[serde(default)]
@@ -61,6 +63,10 @@ struct Page {
     next_cursor: Option<String>,
 }
 
+fn default_tenant() -> String {
+    crate::tenant::DEFAULT_TENANT.to_owned()
+}
+
 fn parse<T: serde::de::DeserializeOwned>(value: &Value, what: &str) -> Result<T, BoxError> {
     T::deserialize(value).map_err(|e| format!("unexpected {what} from the coordinator: {e}").into())
 }
@@ -76,7 +82,8 @@ pub(super) fn list(value: &Value) -> Result<String, BoxError> {
         .iter()
         .map(|tx| {
             vec![
-                tx.gid.clone(),
+                // The key `idem tx --database-url` takes: `tenant/gid` outside the default.
+                crate::tenant::scoped_key(&tx.tenant, &tx.gid),
                 tx.kind.clone(),
                 tx.status.clone(),
                 tx.attempts.to_string(),
@@ -112,6 +119,7 @@ pub(super) fn show(value: &Value) -> Result<String, BoxError> {
     };
     let fields = [
         ("gid", tx.gid.clone()),
+        ("tenant", tx.tenant.clone()),
         ("kind", tx.kind.clone()),
         ("status", status),
         ("attempts", tx.attempts.to_string()),
