@@ -635,3 +635,56 @@ async fn an_admin_manages_its_tenants_tokens_through_the_api() {
         s.finish().await;
     }
 }
+
+/// The outbound policy applies the caller's tenant's entry: the URL one tenant may register
+/// is refused for another whose entry does not list it (and the refused create stores
+/// nothing).
+#[tokio::test]
+async fn each_tenant_registers_under_its_own_outbound_entry() {
+    for db in testing::all("auth_outbound_tenant").await {
+        let name = db.name().to_owned();
+        let store = common::open(&db.url).await;
+        let policy = idem::outbound::OutboundPolicy::parse(
+            "[default]\ncidrs = [\"127.0.0.0/8\"]\n[tenants.acme]\nhosts = [\"payments.acme.internal\"]\n",
+        )
+        .unwrap();
+        let server = common::coordinator_with(&db.url, |c| {
+            c.auth = AuthConfig {
+                mode: AuthMode::Tokens,
+                ..AuthConfig::default()
+            };
+            c.outbound_policy = std::sync::Arc::new(policy);
+        })
+        .await;
+        let s = Setup {
+            db,
+            store,
+            server,
+            recorder: Recorder::start().await,
+        };
+        let acme = s.token("acme", Role::Client).await;
+        let globex = s.token("globex", Role::Client).await;
+        let (status, answer) =
+            post(&s, "/api/v1/transactions", Some(&acme), s.saga("o-1", "a")).await;
+        assert_eq!(
+            (status, code(&answer)),
+            (400, "url_not_allowed"),
+            "{name}: {answer}"
+        );
+        assert_eq!(
+            get(&s, "/api/v1/transactions/o-1", Some(&acme)).await.0,
+            404,
+            "{name}"
+        );
+        let (status, answer) = post(
+            &s,
+            "/api/v1/transactions",
+            Some(&globex),
+            s.saga("o-1", "g"),
+        )
+        .await;
+        assert_eq!(status, 201, "{name}: {answer}");
+        wait_status(&s, &globex, "o-1", "succeeded").await;
+        s.finish().await;
+    }
+}

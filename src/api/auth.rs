@@ -78,7 +78,10 @@ pub async fn authenticate(
                 }
             }
         },
-        _ => Some(Principal::anonymous()),
+        (AuthMode::None, _) => Some(Principal::anonymous()),
+        // Tokens required but nothing to check them against: refuse rather than let
+        // everyone in.
+        (AuthMode::Tokens, None) => return unauthorized(Refusal::Invalid),
     };
     if let Some(principal) = principal {
         request.extensions_mut().insert(principal);
