@@ -38,6 +38,7 @@ pub async fn cleanup(dbs: Vec<(TestDatabase, Arc<dyn Store>)>) {
     }
 }
 
+pub mod auth;
 pub mod private_postgres;
 pub mod recorder;
 pub mod typed;
