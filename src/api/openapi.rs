@@ -171,6 +171,7 @@ pub fn spec() -> Value {
     add_option_ranges(&mut spec);
     add_id_and_url_rules(&mut spec);
     add_links(&mut spec);
+    add_token_rules(&mut spec);
     // Optional: a coordinator without `--auth tokens` takes requests without one.
     spec["components"]["securitySchemes"] = json!({"bearer": {"type": "http", "scheme": "bearer"}});
     spec["security"] = json!([{}, {"bearer": []}]);
@@ -193,6 +194,18 @@ fn add_links(spec: &mut Value) {
     for status in ["200", "201"] {
         create[status]["links"] = Value::Object(links.clone());
     }
+    // An issued token's id leads to its revocation.
+    spec["paths"]["/api/v1/tokens"]["post"]["responses"]["201"]["links"] = json!({
+        "revoke_token": {"operationId": "revoke_token", "parameters": {"id": "$response.body#/id"}}
+    });
+}
+
+/// A token request's role is one of the three, its label as long as `issue` allows: the
+/// handler parses a string so a wrong role gets its own code (`invalid_role`).
+fn add_token_rules(spec: &mut Value) {
+    let request = &mut spec["components"]["schemas"]["IssueRequest"]["properties"];
+    request["role"]["enum"] = json!(["client", "operator", "admin"]);
+    request["label"]["maxLength"] = json!(crate::auth::tokens::MAX_LABEL_LEN);
 }
 
 static SPEC: LazyLock<String> = LazyLock::new(|| spec().to_string());
