@@ -1,0 +1,233 @@
+import { get, post, txPath, consoleConfig } from "./api.js";
+import { h, $, time, badge, errorBox, table } from "./dom.js";
+import { attemptBar } from "./chart.js";
+
+const RANK = { client: 0, operator: 1, admin: 2 };
+const TERMINAL = ["succeeded", "failed"];
+
+// What each action will and will not do, said before the operator confirms it.
+const ACTIONS = {
+  retry: {
+    label: "Retry",
+    role: "operator",
+    title: "Retry this stalled transaction?",
+    does: "Gives its stalled branches fresh attempts: the coordinator calls them again, resuming the phase it stalled in.",
+    doesnt: "It does not change the decision already taken (commit or abort) and does not repeat calls that already succeeded.",
+    when: (t) => t.status === "stalled",
+  },
+  "force-stop": {
+    label: "Force-stop",
+    role: "operator",
+    title: "Force-stop this transaction?",
+    does: "Marks it failed at once and calls nothing more: what was applied stays applied.",
+    doesnt: "It does not compensate or cancel anything; participants keep whatever state they reached, to be fixed by hand.",
+    when: (t) => !TERMINAL.includes(t.status),
+  },
+  abort: {
+    label: "Abort",
+    role: "client",
+    title: "Abort this transaction?",
+    does: "Compensates (saga) or cancels (TCC) the branches that ran, then ends it as failed.",
+    doesnt: "It cannot undo a transaction already committing; the API refuses it then.",
+    when: (t) => ["prepared", "running"].includes(t.status) || (t.status === "stalled" && t.stalled_from === "running"),
+  },
+};
+
+function fields(t) {
+  const o = t.options || {};
+  const rows = [
+    ["gid", t.gid],
+    ["tenant", t.tenant],
+    ["kind", t.kind],
+    ["status", badge(t.status)],
+    ["stalled from", t.stalled_from],
+    ["reason", t.reason],
+    ["last error", t.last_error],
+    ["failed calls", t.attempts],
+    ["created", time(t.created_at)],
+    ["updated", time(t.updated_at)],
+    ["finished", t.finished_at ? time(t.finished_at) : null],
+    ["next attempt", t.next_attempt_at ? time(t.next_attempt_at) : null],
+    ["timeout", t.timeout_at ? time(t.timeout_at) : null],
+    ["options", Object.keys(o).length ? JSON.stringify(o) : null],
+  ];
+  return h(
+    "dl",
+    { class: "fields", id: "tx-fields" },
+    rows.filter(([, v]) => v != null && v !== "").map(([k, v]) => [h("dt", {}, k), h("dd", { testid: `field-${k.replace(/ /g, "-")}` }, v)]),
+  );
+}
+
+function branches(t) {
+  return table(
+    ["branch", "operation", "status", "calls", "last error", "URL"],
+    t.branches.map((b) =>
+      h(
+        "tr",
+        { testid: "branch-row", "data-action": b.action },
+        h("td", {}, b.branch_id),
+        h("td", {}, b.action),
+        h("td", {}, badge(b.status)),
+        h("td", { class: "num" }, b.attempts),
+        h("td", { class: "clip" }, b.last_error || ""),
+        h("td", { class: "url" }, b.url),
+      ),
+    ),
+    { id: "branches" },
+  );
+}
+
+function payloads(t) {
+  return h(
+    "div",
+    { id: "payloads" },
+    t.branches.map((b) =>
+      h(
+        "details",
+        { testid: "payload" },
+        h("summary", {}, `${b.branch_id} ${b.action}`),
+        h("pre", {}, pretty(b.payload)),
+      ),
+    ),
+  );
+}
+
+function pretty(text) {
+  try {
+    return JSON.stringify(JSON.parse(text), null, 2);
+  } catch {
+    return text;
+  }
+}
+
+function timeline(t) {
+  const calls = t.history || [];
+  if (!calls.length) return h("p", { class: "muted", id: "timeline" }, "Every call succeeded at once.");
+  const from = Math.min(...calls.map((c) => c.started_at));
+  const to = Math.max(...calls.map((c) => c.started_at + Math.max(0, c.duration_ms)));
+  return h(
+    "ol",
+    { class: "timeline", id: "timeline" },
+    calls.map((c) =>
+      h(
+        "li",
+        { testid: "attempt", class: `outcome-${c.outcome}` },
+        h("div", { class: "when" }, time(c.started_at)),
+        h("div", { class: "what" }, `${c.branch_id} ${c.action} #${c.attempt}`),
+        attemptBar(c.started_at, c.duration_ms, from, to - from),
+        h("div", { class: "took" }, `${c.duration_ms} ms`),
+        h("div", { class: "outcome", testid: "attempt-outcome" }, c.outcome),
+        h("div", { class: "detail clip" }, c.detail || ""),
+      ),
+    ),
+  );
+}
+
+function trace(t, config) {
+  if (!t.trace_id) return null;
+  const parts = [h("span", { class: "mono", id: "trace-id" }, t.trace_id)];
+  if (config.trace_url) {
+    const href = config.trace_url.replace("{trace_id}", encodeURIComponent(t.trace_id));
+    // Only http(s) links: the pattern is the operator's, but a javascript: URL is never wanted.
+    if (/^https?:\/\//i.test(href)) parts.push(" ", h("a", { id: "trace-link", href, target: "_blank", rel: "noopener" }, "open trace"));
+  }
+  return h("p", { class: "trace" }, "Trace ", parts);
+}
+
+function confirmAction(spec) {
+  const dialog = $("confirm");
+  $("confirm-title").textContent = spec.title;
+  $("confirm-does").textContent = spec.does;
+  $("confirm-doesnt").textContent = spec.doesnt;
+  $("confirm-ok").textContent = spec.label;
+  $("confirm-reason").value = "";
+  dialog.returnValue = "";
+  dialog.showModal();
+  return new Promise((resolve) => {
+    dialog.addEventListener(
+      "close",
+      () => resolve(dialog.returnValue === "ok" ? { reason: $("confirm-reason").value.trim() } : null),
+      { once: true },
+    );
+  });
+}
+
+// Shows one transaction and keeps it current while it is still moving, so an action's
+// outcome appears without reloading the page.
+export async function detail(view, gid, who, isCurrent) {
+  const config = await consoleConfig();
+  let tx = await get(txPath(gid));
+  const result = h("p", { id: "action-result", role: "status", hidden: true });
+  const actions = h("div", { class: "actions", id: "actions" });
+  const body = h("div", {});
+
+  function render() {
+    statusEl.replaceChildren(badge(tx.status));
+    statusEl.dataset.status = tx.status;
+    const allowed = Object.entries(ACTIONS).filter(
+      ([, spec]) => RANK[who.role] >= RANK[spec.role] && spec.when(tx),
+    );
+    actions.replaceChildren(
+      ...allowed.map(([op, spec]) =>
+        h("button", { id: `action-${op}`, type: "button", class: op === "retry" ? "" : "danger", onclick: () => act(op, spec) }, spec.label),
+      ),
+    );
+    body.replaceChildren(
+      ...[fields(tx),
+      trace(tx, config),
+      h("h2", {}, "Branches"),
+      branches(tx),
+      h("h2", {}, "Calls that did not succeed at once"),
+      timeline(tx),
+      h("h2", {}, "Payloads"),
+      payloads(tx)].filter(Boolean),
+    );
+  }
+
+  async function act(op, spec) {
+    const answer = await confirmAction(spec);
+    if (!answer) return;
+    result.hidden = false;
+    result.className = "";
+    result.textContent = `${spec.label}…`;
+    try {
+      tx = await post(txPath(gid, op), answer.reason ? { reason: answer.reason } : {});
+      result.textContent = `${spec.label}: done, the transaction is now ${tx.status}.`;
+      render();
+      follow(true);
+    } catch (e) {
+      result.replaceChildren(errorBox(e));
+    }
+  }
+
+  let following = false;
+  // After an action it keeps watching a while even through "stalled" (a retry may answer
+  // before the transaction left it); otherwise a stalled one waits for the operator.
+  async function follow(afterAction = false) {
+    if (following) return;
+    following = true;
+    let ticks = afterAction ? 120 : Infinity;
+    while (isCurrent() && !TERMINAL.includes(tx.status) && (afterAction || tx.status !== "stalled") && ticks-- > 0) {
+      await new Promise((r) => setTimeout(r, 1000));
+      if (!isCurrent()) break;
+      try {
+        tx = await get(txPath(gid));
+        render();
+      } catch {
+        // A refresh that failed is tried again on the next tick.
+      }
+    }
+    following = false;
+  }
+
+  const statusEl = h("span", { id: "tx-status" });
+  view.replaceChildren(
+    h("h1", { class: "gid-title" }, "Transaction ", h("span", { class: "mono", id: "tx-gid" }, gid)),
+    h("p", {}, "Status ", statusEl),
+    actions,
+    result,
+    body,
+  );
+  render();
+  follow();
+}

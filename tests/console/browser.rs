@@ -1,0 +1,297 @@
+//! Headless Chromium driven over WebDriver (Debian's `chromium` and `chromium-driver`), and
+//! a loopback server that puts the console's files from `console/` and the coordinator's
+//! API on one origin, for a coordinator that does not serve `/ui` itself.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Whether `IDEM_TEST_SKIP` names `browser` (a developer without Chromium); printed.
+pub fn skipped(test: &str) -> bool {
+    let skip = std::env::var("IDEM_TEST_SKIP").unwrap_or_default();
+    let skipped = skip
+        .split(',')
+        .any(|s| s.trim().eq_ignore_ascii_case("browser"));
+    if skipped {
+        println!("SKIPPED {test}: IDEM_TEST_SKIP names browser");
+    }
+    skipped
+}
+
+fn program(env: &str, default: &str) -> PathBuf {
+    let path = PathBuf::from(std::env::var(env).unwrap_or_else(|_| default.into()));
+    assert!(
+        path.exists(),
+        "{} is absent: install Debian's chromium and chromium-driver packages (.ci/run does), \
+         point {env} at it, or set IDEM_TEST_SKIP=browser to skip this test",
+        path.display()
+    );
+    path
+}
+
+/// A chromedriver process and one headless Chromium session on a fresh profile.
+pub struct Browser {
+    pub client: Client,
+    driver: Child,
+    profile: PathBuf,
+}
+
+impl Browser {
+    pub async fn start() -> Browser {
+        let chromium = program("IDEM_CHROMIUM", "/usr/bin/chromium");
+        let chromedriver = program("IDEM_CHROMEDRIVER", "/usr/bin/chromedriver");
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let driver = Command::new(&chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", chromedriver.display()));
+        let profile =
+            std::env::temp_dir().join(format!("idem-chromium-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&profile).unwrap();
+        let caps = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu",
+                    "--disable-background-networking", "--disable-component-update",
+                    "--no-first-run", "--window-size=1280,900",
+                    format!("--user-data-dir={}", profile.display()),
+                ],
+            },
+        });
+        let caps = caps.as_object().unwrap().clone();
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        // chromedriver listens a moment after it starts: connect until it answers.
+        let client = loop {
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector)
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(client) => break client,
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("no WebDriver session from {}: {e}", chromedriver.display()),
+            }
+        };
+        Browser {
+            client,
+            driver,
+            profile,
+        }
+    }
+
+    pub async fn goto(&self, url: &str) {
+        self.client.goto(url).await.unwrap();
+    }
+
+    /// Waits for the element with this CSS selector to exist and be shown.
+    pub async fn shown(&self, css: &str) -> fantoccini::elements::Element {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Ok(el) = self.client.find(Locator::Css(css)).await
+                && el.is_displayed().await.unwrap_or(false)
+            {
+                return el;
+            }
+            self.check(deadline, &format!("{css} is shown")).await;
+        }
+    }
+
+    /// Waits until the text of `css` satisfies `ok`, and returns it.
+    pub async fn text_until(&self, css: &str, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Ok(el) = self.client.find(Locator::Css(css)).await
+                && let Ok(text) = el.text().await
+                && ok(&text)
+            {
+                return text;
+            }
+            self.check(deadline, &format!("the text of {css}")).await;
+        }
+    }
+
+    /// How many elements match `css` now.
+    pub async fn count(&self, css: &str) -> usize {
+        self.client.find_all(Locator::Css(css)).await.unwrap().len()
+    }
+
+    pub async fn click(&self, css: &str) {
+        self.shown(css).await.click().await.unwrap();
+    }
+
+    pub async fn type_into(&self, css: &str, text: &str) {
+        let el = self.shown(css).await;
+        el.clear().await.unwrap();
+        el.send_keys(text).await.unwrap();
+    }
+
+    pub async fn js(&self, script: &str) -> Value {
+        self.client.execute(script, vec![]).await.unwrap()
+    }
+
+    pub async fn screenshot(&self, path: &str) {
+        let png = self.client.screenshot().await.unwrap();
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path);
+        std::fs::write(&path, png).unwrap();
+        println!("wrote {}", path.display());
+    }
+
+    /// Polls again after a moment, or panics with the page's text once the deadline passed.
+    async fn check(&self, deadline: tokio::time::Instant, what: &str) {
+        if tokio::time::Instant::now() >= deadline {
+            let body = self.js("return document.body.innerText").await;
+            panic!(
+                "waited {WAIT:?} for {what}; the page shows:\n{}",
+                body.as_str().unwrap_or("")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    pub async fn close(mut self) {
+        self.client.clone().close().await.unwrap();
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+        let _ = std::fs::remove_dir_all(&self.profile);
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+    }
+}
+
+struct Front {
+    api: String,
+    http: reqwest::Client,
+    /// Stands in for `GET /api/v1/whoami` where the coordinator has none yet: token → answer.
+    whoami: HashMap<String, Value>,
+}
+
+/// A loopback origin that serves `console/` at `/ui` (with the CSP the coordinator would
+/// send, so an inline script would fail here too) and forwards `/api/...` to `api`.
+pub async fn console_front(api: &str, whoami: HashMap<String, Value>) -> String {
+    idem::transport::install_crypto_provider();
+    let front = Arc::new(Front {
+        api: api.trim_end_matches('/').to_owned(),
+        http: reqwest::Client::new(),
+        whoami,
+    });
+    let app = Router::new().fallback(serve).with_state(front);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+async fn serve(
+    State(front): State<Arc<Front>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path();
+    if path.starts_with("/api/") {
+        return forward(&front, method, &uri, &headers, body).await;
+    }
+    if path == "/ui/config.json" {
+        let config = json!({"trace_url": "http://127.0.0.1:9/trace/{trace_id}"});
+        return axum::Json(config).into_response();
+    }
+    let file = match path {
+        "/ui" | "/ui/" => "index.html",
+        p => match p.strip_prefix("/ui/") {
+            Some(f) if !f.contains("..") && !f.contains('/') => f,
+            _ => return StatusCode::NOT_FOUND.into_response(),
+        },
+    };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("console");
+    let Ok(bytes) = std::fs::read(dir.join(file)) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let kind = match file.rsplit('.').next() {
+        Some("html") => "text/html; charset=utf-8",
+        Some("js") => "text/javascript; charset=utf-8",
+        Some("css") => "text/css; charset=utf-8",
+        _ => "application/octet-stream",
+    };
+    let csp = HeaderValue::from_static("default-src 'self'");
+    (
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static(kind)),
+            (header::CONTENT_SECURITY_POLICY, csp),
+        ],
+        bytes,
+    )
+        .into_response()
+}
+
+async fn forward(
+    front: &Front,
+    method: Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
+    let target = format!(
+        "{}{}",
+        front.api,
+        uri.path_and_query().map_or("", |p| p.as_str())
+    );
+    let mut request = front.http.request(method, &target).body(body);
+    for name in [header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT] {
+        if let Some(v) = headers.get(&name) {
+            request = request.header(name, v);
+        }
+    }
+    let answer = request.send().await.unwrap();
+    let status = answer.status();
+    if status == StatusCode::NOT_FOUND && uri.path() == "/api/v1/whoami" {
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        return match token.and_then(|t| front.whoami.get(t)) {
+            Some(who) => axum::Json(who.clone()).into_response(),
+            None => (
+                StatusCode::UNAUTHORIZED,
+                axum::Json(
+                    json!({"error": {"code": "token_missing", "message": "a token is required"}}),
+                ),
+            )
+                .into_response(),
+        };
+    }
+    let kind = answer.headers().get(header::CONTENT_TYPE).cloned();
+    let bytes = answer.bytes().await.unwrap();
+    let mut response = (status, bytes).into_response();
+    if let Some(kind) = kind {
+        response.headers_mut().insert(header::CONTENT_TYPE, kind);
+    }
+    response
+}

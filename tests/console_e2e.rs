@@ -1,0 +1,312 @@
+//! The console in a real headless Chromium: an operator signs in with a token, finds a
+//! stalled transaction, reads its failed calls, retries it after the participant healed and
+//! sees it succeed without reloading; a client-role token is offered no operator actions.
+//! On SQLite: the console only calls the API, whose behaviour the other tests check on every
+//! backend.
+//!
+//! Needs /usr/bin/chromium and /usr/bin/chromedriver (`.ci/run` installs them);
+//! `IDEM_TEST_SKIP=browser` skips it. `IDEM_CONSOLE_SCREENSHOTS=1` also writes
+//! docs/console-overview.png and docs/console-detail.png.
+
+#[path = "console/browser.rs"]
+mod browser;
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::auth::{Setup, get};
+use fantoccini::Locator;
+use idem::auth::Role;
+use idem_participant::Backend;
+use idem_participant::testing::TestDatabase;
+use serde_json::{Value, json};
+
+use browser::Browser;
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
+fn tcc(s: &Setup, gid: &str) -> Value {
+    json!({"gid": gid, "kind": "tcc", "branches": [{
+        "branch_id": "a",
+        "confirm": s.recorder.url("/a/confirm"),
+        "cancel": s.recorder.url("/a/cancel"),
+        "payload": {"sku": "book-42", "quantity": 2},
+    }]})
+}
+
+async fn post_traced(s: &Setup, path: &str, token: &str, body: Value) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{}{path}", s.server.url()))
+        .bearer_auth(token)
+        .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// A TCC whose Confirm keeps failing on a coordinator that tries twice: it stalls.
+async fn stalled(s: &Setup, token: &str, gid: &str) {
+    s.recorder.answer("/a/confirm", Some(gid), 1_000, 500);
+    let (status, body) = post_traced(s, "/api/v1/transactions", token, tcc(s, gid)).await;
+    assert_eq!(status, 201, "{body}");
+    let submit = format!("/api/v1/transactions/{gid}/submit");
+    let (status, body) = post_traced(s, &submit, token, json!({"wait_result": true})).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("stalled")),
+        "{body}"
+    );
+}
+
+/// The console's address: the coordinator's own `/ui` when it serves one, or else the
+/// files from `console/` on a loopback origin that forwards the API (standing in for
+/// `/api/v1/whoami` only where the coordinator answers 404 to it).
+async fn console_url(s: &Setup, tokens: &[(&str, &str)]) -> String {
+    let own = reqwest::get(format!("{}/ui", s.server.url()))
+        .await
+        .unwrap();
+    if own.status() == 200 {
+        println!("the coordinator serves /ui");
+        return s.server.url();
+    }
+    println!(
+        "the coordinator has no /ui ({}): console/ served by the test",
+        own.status()
+    );
+    let who = tokens
+        .iter()
+        .map(|(token, role)| {
+            let who = json!({"tenant": "acme", "role": role, "auth": "tokens"});
+            ((*token).to_owned(), who)
+        })
+        .collect::<HashMap<_, _>>();
+    browser::console_front(&s.server.url(), who).await
+}
+
+async fn sign_in(b: &Browser, base: &str, token: &str, role: &str) {
+    b.goto(&format!("{base}/ui")).await;
+    b.type_into("#token", token).await;
+    b.click("#login-submit").await;
+    b.text_until("#who-role", |t| t == role).await;
+    b.text_until("#who-tenant", |t| t.contains("acme")).await;
+}
+
+async fn open_by_search(b: &Browser, gid: &str, status: &str) {
+    b.type_into("#search-gid", gid).await;
+    b.click("#search-go").await;
+    b.text_until("#tx-gid", |t| t == gid).await;
+    b.text_until("#tx-status", |t| t == status).await;
+}
+
+fn screenshots() -> bool {
+    std::env::var("IDEM_CONSOLE_SCREENSHOTS").is_ok_and(|v| v == "1")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_actions() {
+    if browser::skipped("console_e2e") {
+        return;
+    }
+    let db = TestDatabase::create(Backend::Sqlite, "console_e2e")
+        .await
+        .expect("SQLite is always available");
+    let s = Setup::with(db, |c| {
+        c.auth.refresh = Duration::from_millis(100);
+        c.engine.defaults.max_attempts = 2;
+    })
+    .await;
+    let operator = s.token("acme", Role::Operator).await;
+    let client = s.token("acme", Role::Client).await;
+    // Let the coordinator's token cache see both tokens.
+    let deadline = tokio::time::Instant::now() + common::auth::WAIT;
+    for token in [&operator, &client] {
+        while get(&s, "/api/v1/transactions", Some(token)).await.0 != 200 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the new tokens are never accepted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    // Some history to look at, then the stalled one.
+    for i in 1..=3 {
+        let gid = format!("order-{i}");
+        let (status, body) = post_traced(&s, "/api/v1/transactions", &client, tcc(&s, &gid)).await;
+        assert_eq!(status, 201, "{body}");
+        let submit = format!("/api/v1/transactions/{gid}/submit");
+        let (_, body) = post_traced(&s, &submit, &client, json!({"wait_result": true})).await;
+        assert_eq!(body["status"], "succeeded", "{body}");
+    }
+    let gid = "order-stuck";
+    stalled(&s, &operator, gid).await;
+    let failed_calls = s.recorder.count(gid, "/a/confirm");
+    assert!(failed_calls >= 2, "{failed_calls}");
+
+    let base = console_url(&s, &[(&operator, "operator"), (&client, "client")]).await;
+    let b = Browser::start().await;
+
+    // A token the API refuses is refused by the form.
+    b.goto(&format!("{base}/ui")).await;
+    b.type_into("#token", "idem_not-a-token").await;
+    b.click("#login-submit").await;
+    b.text_until("#login-error", |t| !t.is_empty()).await;
+    assert_eq!(b.count("#who:not([hidden])").await, 0);
+
+    sign_in(&b, &base, &operator, "operator").await;
+
+    // Overview: the stalled one is listed first (needs the API's /api/v1/overview); without
+    // that route the console falls back to the newest transactions.
+    let row = format!("tr[data-gid=\"{gid}\"]");
+    if get(&s, "/api/v1/overview", Some(&operator)).await.0 == 200 {
+        b.text_until("[data-testid=count-stalled] strong", |t| t == "1")
+            .await;
+        b.text_until("[data-testid=count-succeeded] strong", |t| t == "3")
+            .await;
+        b.shown(&format!("#stalled-table {row}")).await;
+        b.shown("#throughput-chart").await;
+    } else {
+        b.shown("#overview-missing").await;
+        b.shown(&format!("#recent-table {row}")).await;
+    }
+    if screenshots() {
+        b.screenshot("docs/console-overview.png").await;
+    }
+
+    // The list filtered by status holds only the stalled one.
+    b.click("#nav-list").await;
+    b.shown("#tx-rows tr").await;
+    b.shown("#f-status")
+        .await
+        .select_by_value("stalled")
+        .await
+        .unwrap();
+    b.click("#f-apply").await;
+    b.text_until("#list-status", |t| t.starts_with("1 shown"))
+        .await;
+    b.shown(&format!("#tx-rows {row}")).await;
+    assert_eq!(b.count("#tx-rows tr").await, 1);
+
+    // An exact gid opens its detail; the failed Confirms are on the timeline.
+    open_by_search(&b, gid, "stalled").await;
+    let attempts = b.count("#timeline [data-testid=attempt]").await;
+    assert_eq!(attempts, failed_calls, "one timeline entry per failed call");
+    // A 500 may have been applied: the coordinator counts it as an unknown outcome.
+    let entries = b
+        .client
+        .find_all(Locator::Css("[data-testid=attempt]"))
+        .await
+        .unwrap();
+    for entry in entries {
+        let text = entry.text().await.unwrap();
+        assert!(
+            text.contains("a confirm") && text.contains("unknown") && text.contains("500"),
+            "{text}"
+        );
+    }
+    let branch = b
+        .text_until("[data-testid=branch-row][data-action=confirm]", |t| {
+            t.contains("stalled")
+        })
+        .await;
+    assert!(branch.contains(&s.recorder.url("/a/confirm")), "{branch}");
+    let (_, view) = get(&s, &format!("/api/v1/transactions/{gid}"), Some(&operator)).await;
+    if view["trace_id"] == TRACE_ID {
+        // Needs the API's trace_id on TxView.
+        b.text_until("#trace-id", |t| t == TRACE_ID).await;
+        if base != s.server.url() {
+            let link = b.shown("#trace-link").await.attr("href").await.unwrap();
+            assert_eq!(
+                link.as_deref(),
+                Some(format!("http://127.0.0.1:9/trace/{TRACE_ID}").as_str())
+            );
+        }
+    }
+    if screenshots() {
+        b.screenshot("docs/console-detail.png").await;
+    }
+
+    // Force-stop says what it will not do; cancelling it changes nothing.
+    b.js("window.stillTheSamePage = true").await;
+    b.click("#action-force-stop").await;
+    let does = b.text_until("#confirm-does", |t| !t.is_empty()).await;
+    assert!(
+        does.contains("calls nothing more: what was applied stays applied"),
+        "{does}"
+    );
+    b.click("#confirm-cancel").await;
+    assert_eq!(b.count("#confirm[open]").await, 0);
+    let (_, view) = get(&s, &format!("/api/v1/transactions/{gid}"), Some(&operator)).await;
+    assert_eq!(view["status"], "stalled");
+
+    // Retry after the participant healed: it succeeds, shown on the same page.
+    s.recorder.heal();
+    b.click("#action-retry").await;
+    let does = b.text_until("#confirm-does", |t| !t.is_empty()).await;
+    assert!(does.contains("fresh attempts"), "{does}");
+    b.click("#confirm-ok").await;
+    b.text_until("#tx-status", |t| t == "succeeded").await;
+    b.text_until("#action-result", |t| t.starts_with("Retry: done"))
+        .await;
+    assert_eq!(
+        b.js("return window.stillTheSamePage === true").await,
+        json!(true)
+    );
+    assert_eq!(
+        b.count("#action-retry").await,
+        0,
+        "nothing to retry any more"
+    );
+    let (_, view) = get(&s, &format!("/api/v1/transactions/{gid}"), Some(&operator)).await;
+    assert_eq!(view["status"], "succeeded", "{view}");
+
+    // A phone-sized window: nothing wider than the screen.
+    b.client.set_window_size(390, 844).await.unwrap();
+    b.shown("#search-gid").await;
+    let fits = "return document.documentElement.scrollWidth <= window.innerWidth";
+    assert_eq!(
+        b.js(fits).await,
+        json!(true),
+        "the detail page overflows a phone's width"
+    );
+    b.click("#nav-overview").await;
+    b.shown("#view h1").await;
+    assert_eq!(
+        b.js(fits).await,
+        json!(true),
+        "the overview overflows a phone's width"
+    );
+    b.client.set_window_size(1280, 900).await.unwrap();
+
+    // Signing out forgets the token.
+    b.click("#signout").await;
+    b.shown("#login").await;
+    assert_eq!(b.js("return sessionStorage.length").await, json!(0));
+
+    // A client-role token: a stalled transaction offers no retry or force-stop; a prepared
+    // one offers abort, which clients may do.
+    let other = "order-stuck-2";
+    stalled(&s, &operator, other).await;
+    let prepared = "order-open";
+    let (status, body) = post_traced(&s, "/api/v1/transactions", &client, tcc(&s, prepared)).await;
+    assert_eq!(status, 201, "{body}");
+    sign_in(&b, &base, &client, "client").await;
+    open_by_search(&b, other, "stalled").await;
+    b.shown("#timeline [data-testid=attempt]").await;
+    assert_eq!(b.count("#action-retry").await, 0);
+    assert_eq!(b.count("#action-force-stop").await, 0);
+    open_by_search(&b, prepared, "prepared").await;
+    assert_eq!(b.count("#action-force-stop").await, 0);
+    b.click("#action-abort").await;
+    let does = b.text_until("#confirm-does", |t| !t.is_empty()).await;
+    assert!(does.contains("ancels"), "{does}");
+    b.click("#confirm-ok").await;
+    b.text_until("#tx-status", |t| t == "failed").await;
+
+    b.close().await;
+    s.finish().await;
+}
