@@ -43,7 +43,7 @@ export function attemptBar(start, duration, from, span) {
   const w = span > 0 ? Math.max(2, (Math.max(duration, 0) / span) * W) : W;
   return s(
     "svg",
-    { viewBox: `0 0 ${W} ${H}`, class: "bar", preserveAspectRatio: "none", "aria-hidden": "true" },
+    { viewBox: `0 0 ${W} ${H}`, class: "callbar", preserveAspectRatio: "none", "aria-hidden": "true" },
     s("rect", { x: 0, y: 0, width: W, height: H, class: "track" }),
     s("rect", { x: Math.min(x, W - 2), y: 0, width: Math.min(w, W - Math.min(x, W - 2)), height: H, class: "span" }),
   );

@@ -49,12 +49,23 @@ function fields(t) {
     ["finished", t.finished_at ? time(t.finished_at) : null],
     ["next attempt", t.next_attempt_at ? time(t.next_attempt_at) : null],
     ["timeout", t.timeout_at ? time(t.timeout_at) : null],
-    ["options", Object.keys(o).length ? JSON.stringify(o) : null],
+    ["options", options(o)],
   ];
   return h(
     "dl",
     { class: "fields", id: "tx-fields" },
     rows.filter(([, v]) => v != null && v !== "").map(([k, v]) => [h("dt", {}, k), h("dd", { testid: `field-${k.replace(/ /g, "-")}` }, v)]),
+  );
+}
+
+function options(o) {
+  const shown = Object.entries(o).filter(([, v]) => v !== null && !(typeof v === "object" && !Object.keys(v).length));
+  if (!shown.length) return null;
+  return h(
+    "details",
+    {},
+    h("summary", {}, `${shown.length} settings`),
+    h("ul", { class: "options" }, shown.map(([k, v]) => h("li", {}, h("span", { class: "muted" }, `${k} `), typeof v === "object" ? JSON.stringify(v) : String(v)))),
   );
 }
 
@@ -84,7 +95,7 @@ function payloads(t) {
     t.branches.map((b) =>
       h(
         "details",
-        { testid: "payload" },
+        { testid: "payload", open: true },
         h("summary", {}, `${b.branch_id} ${b.action}`),
         h("pre", {}, pretty(b.payload)),
       ),
@@ -100,6 +111,13 @@ function pretty(text) {
   }
 }
 
+// Calls are milliseconds apart: the time of day to the millisecond, the full date on hover.
+function clock(ms) {
+  const d = new Date(ms);
+  const hms = d.toLocaleTimeString([], { hour12: false });
+  return h("time", { datetime: d.toISOString(), title: d.toLocaleString() }, `${hms}.${String(d.getMilliseconds()).padStart(3, "0")}`);
+}
+
 function timeline(t) {
   const calls = t.history || [];
   if (!calls.length) return h("p", { class: "muted", id: "timeline" }, "Every call succeeded at once.");
@@ -112,7 +130,7 @@ function timeline(t) {
       h(
         "li",
         { testid: "attempt", class: `outcome-${c.outcome}` },
-        h("div", { class: "when" }, time(c.started_at)),
+        h("div", { class: "when" }, clock(c.started_at), h("small", { class: "muted" }, ` +${c.started_at - from} ms`)),
         h("div", { class: "what" }, `${c.branch_id} ${c.action} #${c.attempt}`),
         attemptBar(c.started_at, c.duration_ms, from, to - from),
         h("div", { class: "took" }, `${c.duration_ms} ms`),
@@ -161,7 +179,11 @@ export async function detail(view, gid, who, isCurrent) {
   const actions = h("div", { class: "actions", id: "actions" });
   const body = h("div", {});
 
+  // The last action the API accepted: its line follows the transaction as it moves on.
+  let done = null;
+
   function render() {
+    if (done) result.textContent = `${done}: done. The transaction is now ${tx.status}.`;
     statusEl.replaceChildren(badge(tx.status));
     statusEl.dataset.status = tx.status;
     const allowed = Object.entries(ACTIONS).filter(
@@ -188,14 +210,14 @@ export async function detail(view, gid, who, isCurrent) {
     const answer = await confirmAction(spec);
     if (!answer) return;
     result.hidden = false;
-    result.className = "";
     result.textContent = `${spec.label}…`;
     try {
       tx = await post(txPath(gid, op), answer.reason ? { reason: answer.reason } : {});
-      result.textContent = `${spec.label}: done, the transaction is now ${tx.status}.`;
+      done = spec.label;
       render();
       follow(true);
     } catch (e) {
+      done = null;
       result.replaceChildren(errorBox(e));
     }
   }

@@ -227,7 +227,9 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
         }
     }
     if screenshots() {
+        b.client.set_window_size(1280, 1100).await.unwrap();
         b.screenshot("docs/console-detail.png").await;
+        b.client.set_window_size(1280, 900).await.unwrap();
     }
 
     // Force-stop says what it will not do; cancelling it changes nothing.
