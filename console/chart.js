@@ -1,39 +1,42 @@
-import { s } from "./dom.js";
+import { h, s } from "./dom.js";
 
-// Created and finished per minute as two bar series; sized by viewBox so it scales with
-// its container on any screen.
+// Created and finished per minute as two bar series. The SVG stretches to its box (bars
+// only); its labels are HTML below it, so they stay readable on a phone.
 export function throughputChart(points) {
-  const W = 600, H = 160, pad = 24;
+  const W = 1000, H = 100;
   const max = Math.max(1, ...points.map((p) => Math.max(p.created, p.finished)));
-  const slot = (W - pad * 2) / Math.max(1, points.length);
+  const slot = W / Math.max(1, points.length);
   const bar = Math.max(1, slot / 2 - 1);
-  const y = (v) => H - pad - (v / max) * (H - pad * 2);
+  const height = (v) => (v / max) * (H - 2);
   const svg = s("svg", {
     viewBox: `0 0 ${W} ${H}`,
+    preserveAspectRatio: "none",
     class: "chart",
     role: "img",
     "aria-label": "transactions created and finished per minute",
     id: "throughput-chart",
   });
-  svg.append(s("line", { x1: pad, y1: H - pad, x2: W - pad, y2: H - pad, class: "axis" }));
-  svg.append(s("text", { x: 2, y: pad, class: "tick" }, String(max)));
-  svg.append(s("text", { x: 2, y: H - pad, class: "tick" }, "0"));
+  svg.append(s("line", { x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5, class: "axis" }));
   points.forEach((p, i) => {
-    const x = pad + i * slot;
-    const label = `${new Date(p.minute).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}: ` +
-      `${p.created} created, ${p.finished} finished`;
-    const g = s("g", {}, s("title", {}, label));
-    g.append(s("rect", { x, y: y(p.created), width: bar, height: H - pad - y(p.created), class: "created" }));
-    g.append(s("rect", { x: x + bar + 1, y: y(p.finished), width: bar, height: H - pad - y(p.finished), class: "finished" }));
+    const x = i * slot;
+    const g = s("g", {}, s("title", {}, `${hhmm(p.minute)}: ${p.created} created, ${p.finished} finished`));
+    g.append(s("rect", { x, y: H - height(p.created), width: bar, height: height(p.created), class: "created" }));
+    g.append(s("rect", { x: x + bar + 1, y: H - height(p.finished), width: bar, height: height(p.finished), class: "finished" }));
     svg.append(g);
   });
-  if (points.length) {
-    const last = points[points.length - 1];
-    const fmt = (m) => new Date(m).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
-    svg.append(s("text", { x: pad, y: H - 6, class: "tick" }, fmt(points[0].minute)));
-    svg.append(s("text", { x: W - pad, y: H - 6, class: "tick end" }, fmt(last.minute)));
-  }
-  return svg;
+  const total = (k) => points.reduce((n, p) => n + p[k], 0);
+  const axis = h(
+    "div",
+    { class: "chart-axis" },
+    h("span", {}, points.length ? hhmm(points[0].minute) : ""),
+    h("span", { class: "muted" }, `peak ${max}/min · ${total("created")} created, ${total("finished")} finished`),
+    h("span", {}, points.length ? hhmm(points[points.length - 1].minute) : ""),
+  );
+  return h("div", { class: "chart-box" }, svg, axis);
+}
+
+function hhmm(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
 }
 
 // One row per call: where it started within the whole history and how long it took.

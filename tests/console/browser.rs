@@ -185,19 +185,27 @@ impl Drop for Browser {
     }
 }
 
+/// The policy `idem serve` sends with the console (src/console.rs).
+const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
+     img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
+     frame-ancestors 'none'; form-action 'self'";
+
 struct Front {
     api: String,
+    trace_url: String,
     http: reqwest::Client,
     /// Stands in for `GET /api/v1/whoami` where the coordinator has none yet: token → answer.
     whoami: HashMap<String, Value>,
 }
 
-/// A loopback origin that serves `console/` at `/ui` (with the CSP the coordinator would
-/// send, so an inline script would fail here too) and forwards `/api/...` to `api`.
-pub async fn console_front(api: &str, whoami: HashMap<String, Value>) -> String {
+/// A loopback origin that serves `console/` at `/ui` (with the CSP the coordinator sends,
+/// so an inline script or style fails here too, and a config.json with `trace_url`) and
+/// forwards `/api/...` to `api`.
+pub async fn console_front(api: &str, trace_url: &str, whoami: HashMap<String, Value>) -> String {
     idem::transport::install_crypto_provider();
     let front = Arc::new(Front {
         api: api.trim_end_matches('/').to_owned(),
+        trace_url: trace_url.to_owned(),
         http: reqwest::Client::new(),
         whoami,
     });
@@ -220,7 +228,7 @@ async fn serve(
         return forward(&front, method, &uri, &headers, body).await;
     }
     if path == "/ui/config.json" {
-        let config = json!({"trace_url": "http://127.0.0.1:9/trace/{trace_id}"});
+        let config = json!({"trace_url": front.trace_url});
         return axum::Json(config).into_response();
     }
     let file = match path {
@@ -240,7 +248,7 @@ async fn serve(
         Some("css") => "text/css; charset=utf-8",
         _ => "application/octet-stream",
     };
-    let csp = HeaderValue::from_static("default-src 'self'");
+    let csp = HeaderValue::from_static(CSP);
     (
         [
             (header::CONTENT_TYPE, HeaderValue::from_static(kind)),
