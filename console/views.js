@@ -124,7 +124,8 @@ export async function list(view, params, navigate) {
     kind: params.get("kind") || "",
     created_from: params.get("created_from") || "",
     created_to: params.get("created_to") || "",
-    limit: "50",
+    // The page size stays in the address, so a shared link pages the same way.
+    limit: params.get("limit") || "50",
   };
   const form = h(
     "form",
@@ -143,6 +144,7 @@ export async function list(view, params, navigate) {
     set("kind", form.querySelector("#f-kind").value);
     set("created_from", toMs(form.querySelector("#f-from").value));
     set("created_to", toMs(form.querySelector("#f-to").value));
+    if (filters.limit !== "50") set("limit", filters.limit);
     navigate(`#/list${q.toString() ? `?${q}` : ""}`);
   });
   const body = h("tbody", { id: "tx-rows" });

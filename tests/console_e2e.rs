@@ -195,6 +195,37 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
     b.shown(&format!("#tx-rows {row}")).await;
     assert_eq!(b.count("#tx-rows tr").await, 1);
 
+    // Pages of two: "More" follows next_cursor until the last of the four.
+    b.goto(&format!("{base}/ui#/list?limit=2")).await;
+    b.text_until("#list-status", |t| t == "2 shown").await;
+    b.click("#more").await;
+    b.text_until("#list-status", |t| t.starts_with("4 shown"))
+        .await;
+    // A full last page may still carry a cursor, to an empty page.
+    if b.count("#more:not([hidden])").await == 1 {
+        b.click("#more").await;
+    }
+    b.text_until("#list-status", |t| t == "4 shown, no more")
+        .await;
+    assert_eq!(b.count("#more:not([hidden])").await, 0);
+    let mut shown = Vec::new();
+    for row in b
+        .client
+        .find_all(Locator::Css("#tx-rows tr"))
+        .await
+        .unwrap()
+    {
+        shown.push(row.attr("data-gid").await.unwrap().unwrap());
+    }
+    shown.sort();
+    assert_eq!(shown, ["order-1", "order-2", "order-3", gid], "each once");
+
+    // A gid that does not exist says so.
+    b.type_into("#search-gid", "no-such-order").await;
+    b.click("#search-go").await;
+    b.text_until("[data-testid=error]", |t| t.contains("no-such-order"))
+        .await;
+
     // An exact gid opens its detail; the failed Confirms are on the timeline.
     open_by_search(&b, gid, "stalled").await;
     let attempts = b.count("#timeline [data-testid=attempt]").await;
