@@ -67,13 +67,11 @@ async fn stalled(s: &Setup, token: &str, gid: &str) {
 /// The console's address: the coordinator's own `/ui` when it serves one, or else the
 /// files from `console/` on a loopback origin that forwards the API (standing in for
 /// `/api/v1/whoami` only where the coordinator answers 404 to it).
-async fn console_url(s: &Setup, tokens: &[(&str, &str)]) -> String {
-    let own = reqwest::get(format!("{}/ui", s.server.url()))
-        .await
-        .unwrap();
+async fn console_url(api: &str, tokens: &[(&str, &str)]) -> String {
+    let own = reqwest::get(format!("{api}/ui")).await.unwrap();
     if own.status() == 200 {
         println!("the coordinator serves /ui");
-        return s.server.url();
+        return api.to_owned();
     }
     println!(
         "the coordinator has no /ui ({}): console/ served by the test",
@@ -86,7 +84,7 @@ async fn console_url(s: &Setup, tokens: &[(&str, &str)]) -> String {
             ((*token).to_owned(), who)
         })
         .collect::<HashMap<_, _>>();
-    browser::console_front(&s.server.url(), TRACE_URL, who).await
+    browser::console_front(api, TRACE_URL, who).await
 }
 
 async fn sign_in(b: &Browser, base: &str, token: &str, role: &str) {
@@ -149,7 +147,8 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
     let failed_calls = s.recorder.count(gid, "/a/confirm");
     assert!(failed_calls >= 2, "{failed_calls}");
 
-    let base = console_url(&s, &[(&operator, "operator"), (&client, "client")]).await;
+    let tokens = [(operator.as_str(), "operator"), (client.as_str(), "client")];
+    let base = console_url(&s.server.url(), &tokens).await;
     let b = Browser::start().await;
 
     // A token the API refuses is refused by the form.
@@ -348,4 +347,53 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
 
     b.close().await;
     s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_authentication_there_is_no_sign_in_and_every_action_is_offered() {
+    if browser::skipped("console_e2e") {
+        return;
+    }
+    let db = TestDatabase::create(Backend::Sqlite, "console_no_auth")
+        .await
+        .expect("SQLite is always available");
+    let server = common::coordinator(&db.url).await;
+    let p = common::recorder::Recorder::start().await;
+    let api = common::Api::new(server.url());
+    let gid = "open-order";
+    p.answer("/a/confirm", Some(gid), 1_000, 500);
+    let body = json!({"gid": gid, "kind": "tcc", "branches": [{
+        "branch_id": "a", "confirm": p.url("/a/confirm"), "cancel": p.url("/a/cancel"),
+    }]});
+    assert_eq!(api.post("/api/v1/transactions", body).await.0, 201);
+
+    let base = console_url(&server.url(), &[]).await;
+    let b = Browser::start().await;
+    b.goto(&format!("{base}/ui")).await;
+    b.text_until("#who-role", |t| t == "admin").await;
+    b.text_until("#who-tenant", |t| t == "no authentication")
+        .await;
+    assert_eq!(b.count("#login:not([hidden])").await, 0);
+    assert_eq!(b.count("#signout:not([hidden])").await, 0);
+    open_by_search(&b, gid, "prepared").await;
+    b.shown("#action-force-stop").await;
+    b.shown("#action-abort").await;
+    assert_eq!(
+        b.count("#action-retry").await,
+        0,
+        "only a stalled one is retried"
+    );
+
+    // Force-stop ends it without calling the participant.
+    b.click("#action-force-stop").await;
+    b.type_into("#confirm-reason", "stuck in the test").await;
+    b.click("#confirm-ok").await;
+    b.text_until("#tx-status", |t| t == "failed").await;
+    b.text_until("[data-testid=field-reason]", |t| t == "stuck in the test")
+        .await;
+    assert!(p.paths(gid).is_empty(), "{:?}", p.paths(gid));
+
+    b.close().await;
+    server.stop().await.unwrap();
+    db.drop_database().await;
 }
