@@ -102,18 +102,24 @@ async fn open_by_search(b: &Browser, gid: &str, status: &str) {
     b.text_until("#tx-status", |t| t == status).await;
 }
 
+/// A fresh SQLite database, unless `IDEM_TEST_SKIP` names the browser.
+async fn sqlite(test: &str) -> Option<TestDatabase> {
+    if browser::skipped(test) {
+        return None;
+    }
+    let db = TestDatabase::create(Backend::Sqlite, test).await;
+    Some(db.expect("SQLite is always available"))
+}
+
 fn screenshots() -> bool {
     std::env::var("IDEM_CONSOLE_SCREENSHOTS").is_ok_and(|v| v == "1")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_actions() {
-    if browser::skipped("console_e2e") {
+    let Some(db) = sqlite("console_e2e").await else {
         return;
-    }
-    let db = TestDatabase::create(Backend::Sqlite, "console_e2e")
-        .await
-        .expect("SQLite is always available");
+    };
     let s = Setup::with(db, |c| {
         c.auth.refresh = Duration::from_millis(100);
         c.engine.defaults.max_attempts = 2;
@@ -351,12 +357,9 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_authentication_there_is_no_sign_in_and_every_action_is_offered() {
-    if browser::skipped("console_e2e") {
+    let Some(db) = sqlite("console_no_auth").await else {
         return;
-    }
-    let db = TestDatabase::create(Backend::Sqlite, "console_no_auth")
-        .await
-        .expect("SQLite is always available");
+    };
     let server = common::coordinator(&db.url).await;
     let p = common::recorder::Recorder::start().await;
     let api = common::Api::new(server.url());
