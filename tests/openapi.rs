@@ -15,7 +15,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Every native route, as `routes()` registers it. A route added without a
 /// `#[utoipa::path]` is not in the spec, and this list (and the spec) must both name it.
-const ROUTES: [(&str, &str); 12] = [
+const ROUTES: [(&str, &str); 14] = [
     ("post", "/api/v1/transactions"),
     ("get", "/api/v1/transactions"),
     ("get", "/api/v1/transactions/{gid}"),
@@ -28,6 +28,8 @@ const ROUTES: [(&str, &str); 12] = [
     ("get", "/api/v1/tokens"),
     ("post", "/api/v1/tokens/{id}/revoke"),
     ("get", "/api/v1/openapi.json"),
+    ("get", "/api/v1/whoami"),
+    ("get", "/api/v1/overview"),
 ];
 
 /// Checks `answer` against the schema the spec gives `operation` for `status`; the
