@@ -191,6 +191,40 @@ async fn the_coordinators_seen_are_the_operators_to_see() {
 }
 
 #[tokio::test]
+async fn the_recovery_loop_records_when_it_last_claimed() {
+    for db in testing::all("console_last_claim").await {
+        let name = db.name().to_owned();
+        // No hold: a driver hands every retry back to the recovery loop, which claims it.
+        let s = Setup::with(db, |c| c.engine.hold_ms = 0).await;
+        let operator = s.token("default", Role::Operator).await;
+        s.recorder.answer("/step/action", Some("claimed"), 1, 500);
+        let (status, created) = post(
+            &s,
+            "/api/v1/transactions",
+            Some(&operator),
+            s.saga("claimed", "c"),
+        )
+        .await;
+        assert_eq!(status, 201, "{name}: {created}");
+        wait_status(&s, &operator, "claimed", "succeeded").await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let claim = loop {
+            let (_, body) = get(&s, "/api/v1/overview", Some(&operator)).await;
+            if let Some(at) = body["coordinators"][0]["last_claim_at"].as_i64() {
+                break at;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{name}: {body}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            claim >= created["created_at"].as_i64().unwrap(),
+            "{name}: {claim} {created}"
+        );
+        s.finish().await;
+    }
+}
+
+#[tokio::test]
 async fn whoami_names_the_tenant_the_role_and_the_mode() {
     for db in testing::all("console_whoami").await {
         let name = db.name().to_owned();
