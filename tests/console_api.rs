@@ -342,3 +342,22 @@ async fn without_a_pattern_the_console_links_no_trace() {
     assert_eq!((status, body), (200, json!({"trace_url": null})));
     s.finish().await;
 }
+
+#[test]
+fn the_trace_url_pattern_comes_from_the_flag_or_the_environment_and_needs_the_id() {
+    let bad = common::idem_run(
+        &["config", "--console-trace-url", "https://jaeger.example/"],
+        &[],
+    );
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("{trace_id}"), "{stderr}");
+    let pattern = "https://jaeger.example/trace/{trace_id}";
+    let good = common::idem_run(&["config"], &[("IDEM_CONSOLE_TRACE_URL", pattern)]);
+    assert!(good.status.success(), "{good:?}");
+    let stdout = String::from_utf8_lossy(&good.stdout);
+    assert!(
+        stdout.contains(&format!("console_trace_url = \"{pattern}\"")),
+        "{stdout}"
+    );
+}
