@@ -156,7 +156,7 @@ async fn the_coordinators_seen_are_the_operators_to_see() {
         assert_eq!(body["coordinators"], json!([]), "{name}");
 
         // A pass that claimed nothing keeps the last claim; a node unseen for a day is
-        // left out; a name past 64 characters is cut.
+        // left out, one unseen for a week deleted; a name past 64 characters is cut.
         let now = s.store.db_now().await.unwrap();
         let store = &s.store;
         store
@@ -168,6 +168,20 @@ async fn the_coordinators_seen_are_the_operators_to_see() {
             .coordinator_seen("gone", now - 2 * 86_400_000, None)
             .await
             .unwrap();
+        store
+            .coordinator_seen("ancient", now - 8 * 86_400_000, None)
+            .await
+            .unwrap();
+        store.coordinator_seen("other", now, None).await.unwrap();
+        let stored = store.coordinators(0).await.unwrap();
+        assert!(
+            stored.iter().all(|c| c.node != "ancient"),
+            "{name}: {stored:?}"
+        );
+        assert!(
+            stored.iter().any(|c| c.node == "gone"),
+            "{name}: kept a week"
+        );
         let long = "n".repeat(80);
         store.coordinator_seen(&long, now, None).await.unwrap();
         let (_, body) = get(&s, "/api/v1/overview", Some(&operator)).await;

@@ -294,7 +294,7 @@ pub trait Store: Send + Sync + 'static {
     async fn overview(&self, tenant: &str, since: Millis, limit: u32) -> Result<Overview>;
 
     /// Records that `node`'s recovery loop ran at `now` (and claimed something then, if
-    /// `claimed_at` is given): an upsert of its row.
+    /// `claimed_at` is given): an upsert of its row. Rows unseen for a week go.
     async fn coordinator_seen(
         &self,
         node: &str,

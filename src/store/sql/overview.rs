@@ -12,6 +12,8 @@ use super::{SqlStore, StoreDatabase};
 use crate::core::{Millis, Status};
 use crate::store::{CoordinatorSeen, MAX_NODE_LEN, Overview, Result, StoreError, StoredTx};
 
+/// A coordinator's row unseen this long is deleted by the next write of any coordinator.
+pub const FORGET_AFTER_MS: Millis = 7 * 24 * 3_600_000;
 /// A minute, in the epoch milliseconds the timestamps are stored in.
 const MINUTE_MS: i64 = 60_000;
 
@@ -115,6 +117,14 @@ where
             .bind(node)
             .bind(now)
             .bind(claimed_at)
+            .execute(&self.pool)
+            .await?;
+        // Nodes come and go (a pod's name is new at each start): their rows would pile up.
+        let sql = self
+            .sql
+            .dynamic("DELETE FROM idem_coordinator WHERE last_seen_at < ?");
+        sqlx::query::<DB>(sqlx::AssertSqlSafe(sql))
+            .bind(now - FORGET_AFTER_MS)
             .execute(&self.pool)
             .await?;
         Ok(())
