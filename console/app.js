@@ -1,0 +1,1 @@
+// Placeholder: the console is written in the UI branch (issue 15).
