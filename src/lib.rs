@@ -6,6 +6,7 @@ pub mod api;
 pub mod auth;
 pub mod canonical;
 pub mod cli;
+pub mod console;
 pub mod core;
 pub mod engine;
 pub mod http_server;

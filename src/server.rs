@@ -62,6 +62,8 @@ pub struct ServerConfig {
     pub tls: Option<crate::tls::ServerTls>,
     /// Extra roots and a client certificate for calls to participants.
     pub outbound_tls: crate::tls::OutboundTls,
+    /// The console's settings (its trace links).
+    pub console: crate::console::ConsoleConfig,
 }
 
 impl ServerConfig {
@@ -89,6 +91,7 @@ impl ServerConfig {
             outbound_policy: Arc::default(),
             tls: None,
             outbound_tls: crate::tls::OutboundTls::default(),
+            console: crate::console::ConsoleConfig::default(),
         }
     }
 }
@@ -201,6 +204,7 @@ pub async fn start_with(
         auth,
         active_cap: api::active_cap::ActiveCap::new(config.max_active_per_tenant),
         outbound_policy: Arc::clone(&config.outbound_policy),
+        console: config.console.clone(),
     });
     let app = api::router(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -12,7 +12,6 @@
 mod browser;
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use common::auth::{Setup, get};
@@ -64,27 +63,17 @@ async fn stalled(s: &Setup, token: &str, gid: &str) {
     );
 }
 
-/// The console's address: the coordinator's own `/ui` when it serves one, or else the
-/// files from `console/` on a loopback origin that forwards the API (standing in for
-/// `/api/v1/whoami` only where the coordinator answers 404 to it).
-async fn console_url(api: &str, tokens: &[(&str, &str)]) -> String {
-    let own = reqwest::get(format!("{api}/ui")).await.unwrap();
-    if own.status() == 200 {
-        println!("the coordinator serves /ui");
-        return api.to_owned();
-    }
-    println!(
-        "the coordinator has no /ui ({}): console/ served by the test",
-        own.status()
+/// The coordinator's own console: open (no token), under a CSP that refuses inline scripts
+/// and styles, so the page works only if the console has none.
+async fn console_url(api: &str) -> String {
+    let index = reqwest::get(format!("{api}/ui")).await.unwrap();
+    assert_eq!(index.status(), 200);
+    let csp = index.headers()["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("style-src 'self'"),
+        "{csp}"
     );
-    let who = tokens
-        .iter()
-        .map(|(token, role)| {
-            let who = json!({"tenant": "acme", "role": role, "auth": "tokens"});
-            ((*token).to_owned(), who)
-        })
-        .collect::<HashMap<_, _>>();
-    browser::console_front(api, TRACE_URL, who).await
+    api.to_owned()
 }
 
 async fn sign_in(b: &Browser, base: &str, token: &str, role: &str) {
@@ -123,6 +112,7 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
     let s = Setup::with(db, |c| {
         c.auth.refresh = Duration::from_millis(100);
         c.engine.defaults.max_attempts = 2;
+        c.console.trace_url = Some(TRACE_URL.into());
     })
     .await;
     let operator = s.token("acme", Role::Operator).await;
@@ -153,8 +143,7 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
     let failed_calls = s.recorder.count(gid, "/a/confirm");
     assert!(failed_calls >= 2, "{failed_calls}");
 
-    let tokens = [(operator.as_str(), "operator"), (client.as_str(), "client")];
-    let base = console_url(&s.server.url(), &tokens).await;
+    let base = console_url(&s.server.url()).await;
     let b = Browser::start().await;
 
     // A token the API refuses is refused by the form.
@@ -166,20 +155,16 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
 
     sign_in(&b, &base, &operator, "operator").await;
 
-    // Overview: the stalled one is listed first (needs the API's /api/v1/overview); without
-    // that route the console falls back to the newest transactions.
+    // Overview: the counts, the stalled one, the chart; the coordinator itself (operators
+    // see the coordinators).
     let row = format!("tr[data-gid=\"{gid}\"]");
-    if get(&s, "/api/v1/overview", Some(&operator)).await.0 == 200 {
-        b.text_until("[data-testid=count-stalled] strong", |t| t == "1")
-            .await;
-        b.text_until("[data-testid=count-succeeded] strong", |t| t == "3")
-            .await;
-        b.shown(&format!("#stalled-table {row}")).await;
-        b.shown("#throughput-chart").await;
-    } else {
-        b.shown("#overview-missing").await;
-        b.shown(&format!("#recent-table {row}")).await;
-    }
+    b.text_until("[data-testid=count-stalled] strong", |t| t == "1")
+        .await;
+    b.text_until("[data-testid=count-succeeded] strong", |t| t == "3")
+        .await;
+    b.shown(&format!("#stalled-table {row}")).await;
+    b.shown("#throughput-chart").await;
+    b.shown("#coordinators [data-testid=coordinator]").await;
     if screenshots() {
         b.client.set_window_size(1280, 1100).await.unwrap();
         b.screenshot("docs/console-overview.png").await;
@@ -255,19 +240,11 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
         .await;
     assert!(branch.contains(&s.recorder.url("/a/confirm")), "{branch}");
     let (_, view) = get(&s, &format!("/api/v1/transactions/{gid}"), Some(&operator)).await;
-    if view["trace_id"] == TRACE_ID {
-        // Needs the API's trace_id on TxView; the link, a trace_url in the console's config.
-        b.text_until("#trace-id", |t| t == TRACE_ID).await;
-        let config = reqwest::get(format!("{base}/ui/config.json"))
-            .await
-            .unwrap();
-        let config: Value = config.json().await.unwrap();
-        if config["trace_url"] == TRACE_URL {
-            let link = b.shown("#trace-link").await.attr("href").await.unwrap();
-            let want = TRACE_URL.replace("{trace_id}", TRACE_ID);
-            assert_eq!(link.as_deref(), Some(want.as_str()));
-        }
-    }
+    assert_eq!(view["trace_id"], TRACE_ID, "{view}");
+    b.text_until("#trace-id", |t| t == TRACE_ID).await;
+    let link = b.shown("#trace-link").await.attr("href").await.unwrap();
+    let want = TRACE_URL.replace("{trace_id}", TRACE_ID);
+    assert_eq!(link.as_deref(), Some(want.as_str()));
     if screenshots() {
         b.client.set_window_size(1280, 1100).await.unwrap();
         b.screenshot("docs/console-detail.png").await;
@@ -370,7 +347,7 @@ async fn without_authentication_there_is_no_sign_in_and_every_action_is_offered(
     }]});
     assert_eq!(api.post("/api/v1/transactions", body).await.0, 201);
 
-    let base = console_url(&server.url(), &[]).await;
+    let base = console_url(&server.url()).await;
     let b = Browser::start().await;
     b.goto(&format!("{base}/ui")).await;
     b.text_until("#who-role", |t| t == "admin").await;

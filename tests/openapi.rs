@@ -15,7 +15,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Every native route, as `routes()` registers it. A route added without a
 /// `#[utoipa::path]` is not in the spec, and this list (and the spec) must both name it.
-const ROUTES: [(&str, &str); 12] = [
+const ROUTES: [(&str, &str); 14] = [
     ("post", "/api/v1/transactions"),
     ("get", "/api/v1/transactions"),
     ("get", "/api/v1/transactions/{gid}"),
@@ -28,6 +28,8 @@ const ROUTES: [(&str, &str); 12] = [
     ("get", "/api/v1/tokens"),
     ("post", "/api/v1/tokens/{id}/revoke"),
     ("get", "/api/v1/openapi.json"),
+    ("get", "/api/v1/whoami"),
+    ("get", "/api/v1/overview"),
 ];
 
 /// Checks `answer` against the schema the spec gives `operation` for `status`; the
@@ -120,6 +122,17 @@ async fn the_served_spec_lists_every_route_and_real_answers_match_it() {
         check(&spec, "get", "/api/v1/transactions/{gid}", &shown);
         let page = api.get("/api/v1/transactions?limit=1&kind=saga").await;
         check(&spec, "get", "/api/v1/transactions", &page);
+        let overview = api.get("/api/v1/overview?minutes=2").await;
+        assert_eq!(overview.0, 200, "{b}: {}", overview.1);
+        check(&spec, "get", "/api/v1/overview", &overview);
+        let refused = api.get("/api/v1/overview?minutes=0").await;
+        check(&spec, "get", "/api/v1/overview", &refused);
+        check(
+            &spec,
+            "get",
+            "/api/v1/whoami",
+            &api.get("/api/v1/whoami").await,
+        );
 
         // A TCC transaction: a branch registered with a Try that refuses, one without.
         let tcc = json!({"gid": "spec-tcc", "kind": "tcc", "options": {"timeout_ms": 60000}});

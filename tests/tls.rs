@@ -356,3 +356,37 @@ async fn calls_present_the_client_certificate_and_trust_the_ca_bundle() {
     drop(idem);
     db.drop_database().await;
 }
+
+/// The operator's commands reach a coordinator behind a private CA with `--ca-file`
+/// (or `IDEM_CA_FILE`), and refuse it without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idem_tx_trusts_a_private_ca_when_told() {
+    let (db, dir, ca) = setup("tls_tx_ca").await;
+    let leaf = ca.issue("idem", Usage::Server);
+    let idem = serve_https(&db, &dir, &leaf, &[]);
+    let ca_file = ca.write(&dir, "ca.crt");
+    let ca_path = ca_file.to_str().unwrap();
+    let list = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["tx", "list", "--server", idem.url.as_str()];
+        args.extend_from_slice(extra);
+        common::idem_run(&args, env)
+    };
+    let trusted = list(&["--ca-file", ca_path], &[]);
+    assert!(
+        trusted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trusted.stderr)
+    );
+    let by_env = list(&[], &[("IDEM_CA_FILE", ca_path)]);
+    assert!(
+        by_env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&by_env.stderr)
+    );
+    let untrusted = list(&[], &[]);
+    assert!(
+        !untrusted.status.success(),
+        "a private CA was trusted without --ca-file"
+    );
+    db.drop_database().await;
+}

@@ -40,6 +40,8 @@ pub struct AppState {
     /// Where participant calls may go: every URL a request names is checked against its
     /// tenant's entry before anything is stored.
     pub outbound_policy: Arc<crate::outbound::OutboundPolicy>,
+    /// What the console's `config.json` tells it.
+    pub console: crate::console::ConsoleConfig,
 }
 
 impl AppState {
@@ -90,6 +92,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .merge(native::document_routes())
         .merge(dtm::probe_routes())
+        .merge(crate::console::routes())
         .merge(native)
         .merge(dtm)
         .layer(DefaultBodyLimit::max(MAX_BODY))

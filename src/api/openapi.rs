@@ -134,6 +134,8 @@ pub const ERRORS: &[(&str, Statuses)] = &[
     ),
     ("list_tokens", &[]),
     ("revoke_token", &[(404, &["not_found"])]),
+    ("whoami", &[]),
+    ("overview", &[(400, &["invalid_query"])]),
 ];
 
 const OPERATE: Statuses = &[
@@ -186,7 +188,9 @@ fn add_links(spec: &mut Value) {
         .iter()
         .map(|(id, _)| *id)
         .filter(|id| {
-            !matches!(*id, "create" | "list") && !id.ends_with("_token") && *id != "list_tokens"
+            !matches!(*id, "create" | "list" | "whoami" | "overview")
+                && !id.ends_with("_token")
+                && *id != "list_tokens"
         })
         .map(|id| (id.to_owned(), json!({"operationId": id, "parameters": gid})))
         .collect();
@@ -359,9 +363,9 @@ mod tests {
                 }
                 let responses = operation["responses"].as_object().unwrap();
                 for status in ["400", "401", "403", "429", "500", "503"] {
-                    // Listing and revoking tokens read no body (an id that is no token's
-                    // is a 404): no 400.
-                    if status == "400" && ["list_tokens", "revoke_token"].contains(&id) {
+                    // Listing and revoking tokens and whoami read no body (an id that is
+                    // no token's is a 404): no 400.
+                    if status == "400" && ["list_tokens", "revoke_token", "whoami"].contains(&id) {
                         continue;
                     }
                     assert!(responses.contains_key(status), "{id} lacks {status}");

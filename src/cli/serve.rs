@@ -238,6 +238,17 @@ pub struct ServeArgs {
     /// The private key of `--outbound-client-cert` (PEM).
     #[arg(long, env = "IDEM_OUTBOUND_CLIENT_KEY", value_name = "PATH")]
     pub outbound_client_key: Option<PathBuf>,
+    /// The console links a transaction's trace id to this tracing UI address, with
+    /// `{trace_id}` where the id goes (such as `https://jaeger.example/trace/{trace_id}`).
+    /// None: the console shows the id without a link.
+    #[arg(
+        long,
+        env = "IDEM_CONSOLE_TRACE_URL",
+        value_name = "PATTERN",
+        value_parser = crate::console::check_trace_url,
+        hide_env_values = true
+    )]
+    pub console_trace_url: Option<String>,
 }
 
 fn parse_tenant(name: &str) -> Result<String, String> {
@@ -325,6 +336,7 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
     };
     config.insecure = args.insecure;
     config.max_active_per_tenant = args.max_active_per_tenant;
+    config.console.trace_url = args.console_trace_url.clone();
     if let Some(path) = &args.outbound_policy {
         config.outbound_policy = Arc::new(crate::outbound::OutboundPolicy::load(path)?);
     }

@@ -70,6 +70,25 @@ impl Engine {
         self.store.active_summary().await
     }
 
+    /// One tenant's overview for the console: counts, the `limit` oldest stalled and
+    /// active transactions, and creations and finishes per minute from `since` on.
+    pub async fn overview(
+        &self,
+        tenant: &str,
+        since: crate::core::Millis,
+        limit: u32,
+    ) -> Result<crate::store::Overview, EngineError> {
+        Ok(self.store.overview(tenant, since, limit).await?)
+    }
+
+    /// The coordinators whose recovery loop ran at or after `since`.
+    pub async fn coordinators(
+        &self,
+        since: crate::core::Millis,
+    ) -> Result<Vec<crate::store::CoordinatorSeen>, EngineError> {
+        Ok(self.store.coordinators(since).await?)
+    }
+
     /// Whether the database answers within `timeout` (readiness).
     pub async fn ping_database(&self, timeout: Duration) -> Result<(), StoreError> {
         self.store.ping(timeout).await

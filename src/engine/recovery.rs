@@ -42,9 +42,17 @@ impl Engine {
 
     /// Runs the recovery loop until [`Engine::shutdown`].
     pub async fn run_recovery(self: Arc<Self>) {
+        let mut seen = Seen::default();
         loop {
             *self.recovery_pass.lock().expect("poisoned") = Some(std::time::Instant::now());
-            match self.recover_once().await {
+            let pass = self.recover_once().await;
+            if let Ok(n) = pass
+                && n > 0
+            {
+                seen.claimed_at = Some(self.now());
+            }
+            self.note_seen(&mut seen).await;
+            match pass {
                 // A full batch: there may be more due right now.
                 Ok(n) if n as u32 >= self.config.claim_batch => continue,
                 Ok(_) => {}
@@ -56,6 +64,25 @@ impl Engine {
                 _ = tokio::time::sleep(pause) => {}
                 _ = self.stopping.cancelled() => return,
             }
+        }
+    }
+
+    /// Writes this node's row of the coordinators seen, at most every [`SEEN_EVERY`]: what
+    /// the console's overview shows. Recovery goes on whether or not the write succeeds.
+    async fn note_seen(&self, seen: &mut Seen) {
+        if seen.written.is_some_and(|at| at.elapsed() < SEEN_EVERY) {
+            return;
+        }
+        seen.written = Some(std::time::Instant::now());
+        let claimed_at = seen.claimed_at.take();
+        if let Err(e) = self
+            .store
+            .coordinator_seen(&self.config.node, self.now(), claimed_at)
+            .await
+        {
+            // Kept for the next write, which may succeed.
+            seen.claimed_at = seen.claimed_at.or(claimed_at);
+            tracing::warn!(error = %e, "could not record this coordinator as seen");
         }
     }
 
@@ -113,4 +140,15 @@ impl Engine {
     pub async fn shutdown(&self) {
         self.finish_shutdown(Duration::ZERO).await;
     }
+}
+
+/// How often a recovery loop writes its node's row of the coordinators seen.
+const SEEN_EVERY: Duration = Duration::from_secs(5);
+
+/// The recovery loop's record of its writes to the coordinators seen.
+#[derive(Default)]
+struct Seen {
+    written: Option<std::time::Instant>,
+    /// The last claim not yet written.
+    claimed_at: Option<crate::core::Millis>,
 }

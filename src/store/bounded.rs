@@ -150,6 +150,24 @@ impl Store for Bounded {
         self.call(self.inner.active_summary()).await
     }
 
+    async fn overview(&self, tenant: &str, since: Millis, limit: u32) -> Result<Overview> {
+        self.call(self.inner.overview(tenant, since, limit)).await
+    }
+
+    async fn coordinator_seen(
+        &self,
+        node: &str,
+        now: Millis,
+        claimed_at: Option<Millis>,
+    ) -> Result<()> {
+        self.call(self.inner.coordinator_seen(node, now, claimed_at))
+            .await
+    }
+
+    async fn coordinators(&self, since: Millis) -> Result<Vec<CoordinatorSeen>> {
+        self.call(self.inner.coordinators(since)).await
+    }
+
     async fn db_now(&self) -> Result<Millis> {
         self.call(self.inner.db_now()).await
     }

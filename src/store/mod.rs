@@ -190,6 +190,34 @@ impl Purged {
     }
 }
 
+/// What the console's overview reads of one tenant ([`Store::overview`]); the lists'
+/// transactions come without their branches.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Overview {
+    /// Per status that has any: how many.
+    pub counts: Vec<(Status, u64)>,
+    /// Stalled ones, oldest first.
+    pub stalled: Vec<StoredTx>,
+    /// Active (not stalled, not terminal) ones, oldest first.
+    pub oldest_active: Vec<StoredTx>,
+    /// Per minute (its start, epoch ms) with any since the asked time: how many were created.
+    pub created: Vec<(Millis, u64)>,
+    /// Likewise: how many finished.
+    pub finished: Vec<(Millis, u64)>,
+}
+
+/// A coordinator's row of `idem_coordinator`, written by its recovery loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoordinatorSeen {
+    pub node: String,
+    pub last_seen_at: Millis,
+    /// When a pass of its recovery loop last claimed transactions.
+    pub last_claim_at: Option<Millis>,
+}
+
+/// The longest node name `idem_coordinator` keeps; a longer one is cut.
+pub const MAX_NODE_LEN: usize = 64;
+
 /// A page of transactions, without their branches.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Page {
@@ -260,6 +288,22 @@ pub trait Store: Send + Sync + 'static {
     /// Per non-terminal status (stalled included) that has any: how many, and the oldest's
     /// creation time. One grouped read of the status index, for the metrics' sampler.
     async fn active_summary(&self) -> Result<Vec<StatusSummary>>;
+
+    /// One tenant's counts by status, its `limit` oldest stalled and oldest active
+    /// transactions, and its creations and finishes per minute from `since` on.
+    async fn overview(&self, tenant: &str, since: Millis, limit: u32) -> Result<Overview>;
+
+    /// Records that `node`'s recovery loop ran at `now` (and claimed something then, if
+    /// `claimed_at` is given): an upsert of its row. Rows unseen for a week go.
+    async fn coordinator_seen(
+        &self,
+        node: &str,
+        now: Millis,
+        claimed_at: Option<Millis>,
+    ) -> Result<()>;
+
+    /// The coordinators seen at or after `since`, by node name.
+    async fn coordinators(&self, since: Millis) -> Result<Vec<CoordinatorSeen>>;
 
     /// The database's clock, in milliseconds since the epoch: the one time every
     /// coordinator sharing the database agrees on (see `engine::SyncedClock`).

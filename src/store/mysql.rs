@@ -23,6 +23,10 @@ impl StoreDatabase for MySql {
     // MariaDB 10.6 and MySQL 8.0 have SKIP LOCKED (the claim uses it too).
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const ON_DUPLICATE_DO_NOTHING: &'static str = "";
+    // VALUES(): MariaDB has no alias for the new row.
+    const UPSERT_COORDINATOR: &'static str = " ON DUPLICATE KEY UPDATE \
+         last_seen_at = VALUES(last_seen_at), \
+         last_claim_at = COALESCE(VALUES(last_claim_at), last_claim_at)";
 
     fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
         MIGRATOR.run(pool).boxed()

@@ -28,6 +28,9 @@ impl StoreDatabase for Sqlite {
     // BEGIN IMMEDIATE already holds every other writer off.
     const SKIP_LOCKED: &'static str = "";
     const ON_DUPLICATE_DO_NOTHING: &'static str = " ON CONFLICT DO NOTHING";
+    const UPSERT_COORDINATOR: &'static str = " ON CONFLICT (node) DO UPDATE SET \
+         last_seen_at = excluded.last_seen_at, \
+         last_claim_at = COALESCE(excluded.last_claim_at, idem_coordinator.last_claim_at)";
 
     fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
         MIGRATOR.run(pool).boxed()

@@ -1,18 +1,9 @@
-//! Headless Chromium driven over WebDriver (Debian's `chromium` and `chromium-driver`), and
-//! a loopback server that puts the console's files from `console/` and the coordinator's
-//! API on one origin, for a coordinator that does not serve `/ui` itself.
+//! Headless Chromium driven over WebDriver (Debian's `chromium` and `chromium-driver`).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
-use axum::response::{IntoResponse, Response};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
@@ -183,117 +174,4 @@ impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.driver.kill();
     }
-}
-
-/// The policy `idem serve` sends with the console (src/console.rs).
-const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
-     img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
-     frame-ancestors 'none'; form-action 'self'";
-
-struct Front {
-    api: String,
-    trace_url: String,
-    http: reqwest::Client,
-    /// Stands in for `GET /api/v1/whoami` where the coordinator has none yet: token → answer.
-    whoami: HashMap<String, Value>,
-}
-
-/// A loopback origin that serves `console/` at `/ui` (with the CSP the coordinator sends,
-/// so an inline script or style fails here too, and a config.json with `trace_url`) and
-/// forwards `/api/...` to `api`.
-pub async fn console_front(api: &str, trace_url: &str, whoami: HashMap<String, Value>) -> String {
-    idem::transport::install_crypto_provider();
-    let front = Arc::new(Front {
-        api: api.trim_end_matches('/').to_owned(),
-        trace_url: trace_url.to_owned(),
-        http: reqwest::Client::new(),
-        whoami,
-    });
-    let app = Router::new().fallback(serve).with_state(front);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}")
-}
-
-async fn serve(
-    State(front): State<Arc<Front>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let path = uri.path();
-    if path.starts_with("/api/") {
-        return forward(&front, method, &uri, &headers, body).await;
-    }
-    if path == "/ui/config.json" {
-        let config = json!({"trace_url": front.trace_url});
-        return axum::Json(config).into_response();
-    }
-    let file = match path {
-        "/ui" | "/ui/" => "index.html",
-        p => match p.strip_prefix("/ui/") {
-            Some(f) if !f.contains("..") && !f.contains('/') => f,
-            _ => return StatusCode::NOT_FOUND.into_response(),
-        },
-    };
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("console");
-    let Ok(bytes) = std::fs::read(dir.join(file)) else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    let kind = match file.rsplit('.').next() {
-        Some("html") => "text/html; charset=utf-8",
-        Some("js") => "text/javascript; charset=utf-8",
-        Some("css") => "text/css; charset=utf-8",
-        _ => "application/octet-stream",
-    };
-    let csp = HeaderValue::from_static(CSP);
-    (
-        [
-            (header::CONTENT_TYPE, HeaderValue::from_static(kind)),
-            (header::CONTENT_SECURITY_POLICY, csp),
-        ],
-        bytes,
-    )
-        .into_response()
-}
-
-async fn forward(
-    front: &Front,
-    method: Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Response {
-    let target = format!(
-        "{}{}",
-        front.api,
-        uri.path_and_query().map_or("", |p| p.as_str())
-    );
-    let mut request = front.http.request(method, &target).body(body);
-    for name in [header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT] {
-        if let Some(v) = headers.get(&name) {
-            request = request.header(name, v);
-        }
-    }
-    let answer = request.send().await.unwrap();
-    let status = answer.status();
-    if status == StatusCode::NOT_FOUND && uri.path() == "/api/v1/whoami" {
-        let token = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        // An unknown token gets the 404: the console then checks it against the list.
-        if let Some(who) = token.and_then(|t| front.whoami.get(t)) {
-            return axum::Json(who.clone()).into_response();
-        }
-    }
-    let kind = answer.headers().get(header::CONTENT_TYPE).cloned();
-    let bytes = answer.bytes().await.unwrap();
-    let mut response = (status, bytes).into_response();
-    if let Some(kind) = kind {
-        response.headers_mut().insert(header::CONTENT_TYPE, kind);
-    }
-    response
 }

@@ -45,6 +45,10 @@ pub struct TxView {
     pub options: TxOptions,
     /// One entry per branch operation.
     pub branches: Vec<BranchView>,
+    /// The W3C trace id (32 hex digits) its branch calls continue, for a link to a
+    /// tracing UI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
     /// Every call that did not succeed at once (on `GET` of one transaction).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history: Option<Vec<AttemptRecord>>,

@@ -13,10 +13,12 @@ use utoipa_axum::routes;
 use super::AppState;
 
 mod handlers;
+mod overview;
 mod requests;
 mod tokens;
 mod views;
 
+pub use overview::{CoordinatorView, CountsView, MinuteView, OverviewView, WhoamiView};
 pub use requests::{CheckedCreate, NewTransaction, OptionsRequest, check_create};
 pub use views::{BranchView, PageView, RegisterView, TryView, TxView, page_view, tx_view};
 
@@ -47,6 +49,8 @@ fn transactions() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(handlers::force_stop))
         .routes(routes!(tokens::issue_token, tokens::list_tokens))
         .routes(routes!(tokens::revoke_token))
+        .routes(routes!(overview::whoami))
+        .routes(routes!(overview::overview))
 }
 
 fn document() -> OpenApiRouter<Arc<AppState>> {

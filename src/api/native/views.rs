@@ -58,6 +58,11 @@ pub fn tx_view(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView
                 finished_at: b.finished_at,
             })
             .collect(),
+        trace_id: tx
+            .trace
+            .as_ref()
+            .and_then(|t| crate::trace::parse_traceparent(&t.traceparent))
+            .map(|p| format!("{:032x}", p.trace_id)),
         history: history.map(|records| {
             records
                 .into_iter()

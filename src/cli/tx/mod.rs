@@ -46,6 +46,15 @@ pub struct TargetArgs {
         conflicts_with = "database_url"
     )]
     pub token: Option<String>,
+    /// Trust the CA certificates of this PEM bundle, besides the system's roots, for a
+    /// coordinator served over HTTPS with a private CA.
+    #[arg(
+        long,
+        env = "IDEM_CA_FILE",
+        value_name = "PATH",
+        conflicts_with = "database_url"
+    )]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -180,9 +189,11 @@ impl Target {
             let _ = writeln!(std::io::stderr(), "idem: note: {note}");
         }
         Ok(match destination {
-            Destination::Server(url) => {
-                Target::Server(Box::new(remote::Remote::new(&url, args.token.as_deref())?))
-            }
+            Destination::Server(url) => Target::Server(Box::new(remote::Remote::new(
+                &url,
+                args.token.as_deref(),
+                args.ca_file.as_deref(),
+            )?)),
             Destination::Database(url) => Target::Database(direct::Direct::open(&url).await?),
         })
     }

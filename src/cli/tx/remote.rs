@@ -20,7 +20,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Remote {
-    pub(super) fn new(server: &str, token: Option<&str>) -> Result<Remote, BoxError> {
+    pub(super) fn new(
+        server: &str,
+        token: Option<&str>,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Remote, BoxError> {
         // `host:port` is what people type; it means plain HTTP.
         let full = match server.contains("://") {
             true => server.to_owned(),
@@ -38,6 +42,11 @@ impl Remote {
             .timeout(REQUEST_TIMEOUT);
         if let Some(token) = token {
             http = http.default_headers(idem_client::bearer_headers(token)?);
+        }
+        if let Some(path) = ca_file {
+            // The same loading as `idem serve --outbound-ca-file`.
+            let tls = crate::tls::OutboundTls::load(Some(path), None, None)?;
+            http = tls.apply(http);
         }
         let http = http.build()?;
         // An operator's command is sent once: what it met is what it reports.
@@ -136,13 +145,13 @@ mod tests {
 
     #[test]
     fn urls_keep_a_path_prefix_and_escape_the_gid() {
-        let r = Remote::new("http://host:8686", None).unwrap();
+        let r = Remote::new("http://host:8686", None, None).unwrap();
         assert_eq!(
             r.url(&["g-1", "retry"]).as_str(),
             "http://host:8686/api/v1/transactions/g-1/retry"
         );
         // Behind a proxy that serves idem under a prefix.
-        let r = Remote::new("https://host/idem/", None).unwrap();
+        let r = Remote::new("https://host/idem/", None, None).unwrap();
         assert_eq!(
             r.url(&["a/b?c"]).as_str(),
             "https://host/idem/api/v1/transactions/a%2Fb%3Fc"
@@ -153,7 +162,7 @@ mod tests {
     /// this module spoke HTTP itself).
     #[test]
     fn failures_are_explained_in_the_operators_words() {
-        let r = Remote::new("http://h:1", None).unwrap();
+        let r = Remote::new("http://h:1", None, None).unwrap();
         let url = r.url(&["g"]);
         let said = |e: Error| r.explain(e, &url).to_string();
         let api = Error::Api {
@@ -195,11 +204,14 @@ mod tests {
     #[test]
     fn server_urls_must_be_http() {
         assert_eq!(
-            Remote::new("127.0.0.1:8686", None).unwrap().base.as_str(),
+            Remote::new("127.0.0.1:8686", None, None)
+                .unwrap()
+                .base
+                .as_str(),
             "http://127.0.0.1:8686/"
         );
         for bad in ["ftp://host", "http://", "sqlite:idem.db", "postgres://h/db"] {
-            let err = Remote::new(bad, None).err().expect(bad).to_string();
+            let err = Remote::new(bad, None, None).err().expect(bad).to_string();
             assert!(err.contains("invalid server URL"), "{bad}: {err}");
         }
     }

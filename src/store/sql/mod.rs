@@ -8,6 +8,7 @@
 //! - `rows.rs`: the rows as stored, their mapping to the core's types, and the loads;
 //! - `writes.rs`: creates, saves and registrations' inserts inside a write transaction;
 //! - `group_commit.rs`: concurrent writes queued for one writer task and shared commits;
+//! - `overview.rs`: the console's per-tenant overview and the coordinators seen;
 //! - `retention.rs`: finished transactions deleted in bounded batches;
 //! - `store_impl.rs`: the [`Store`] trait on top of them.
 
@@ -22,6 +23,7 @@ use crate::core::{Millis, Transaction};
 
 pub(crate) mod binds;
 mod group_commit;
+mod overview;
 mod retention;
 mod rows;
 mod statements;
@@ -45,6 +47,10 @@ pub trait StoreDatabase: Database + Sized {
     /// affected-rows count ambiguous, so it reports the duplicate as an error, which
     /// MySQL (unlike PostgreSQL) does not let abort the transaction.
     const ON_DUPLICATE_DO_NOTHING: &'static str;
+
+    /// Appended to the insert of a coordinator's row: an existing row of the node is
+    /// updated instead (its last claim kept when this pass claimed nothing).
+    const UPSERT_COORDINATOR: &'static str;
 
     /// Applies this database's migrations (`migrations/<backend>/`).
     fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>>;

@@ -11,8 +11,8 @@ use super::writes::branch_groups;
 use super::{SqlStore, StoreDatabase, q, saved_if};
 use crate::core::{self, Branch, Millis, Status, Transaction};
 use crate::store::{
-    AttemptRecord, Claimed, Created, Lease, ListFilter, Page, Purged, Registered, Result, Save,
-    Saved, StatusSummary, Store, StoreError, StoredTx, TokenRecord,
+    AttemptRecord, Claimed, CoordinatorSeen, Created, Lease, ListFilter, Overview, Page, Purged,
+    Registered, Result, Save, Saved, StatusSummary, Store, StoreError, StoredTx, TokenRecord,
 };
 
 // The bounds below say "the generic code can run these statements and decode these rows
@@ -33,6 +33,7 @@ where
     for<'q> i64: Encode<'q, DB>,
     for<'q> i32: Encode<'q, DB> + Type<DB>,
     for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB>,
     usize: ColumnIndex<DB::Row>,
 {
     fn backend(&self) -> &'static str {
@@ -253,6 +254,23 @@ where
                 })
             })
             .collect()
+    }
+
+    async fn overview(&self, tenant: &str, since: Millis, limit: u32) -> Result<Overview> {
+        self.overview_of(tenant, since, limit).await
+    }
+
+    async fn coordinator_seen(
+        &self,
+        node: &str,
+        now: Millis,
+        claimed_at: Option<Millis>,
+    ) -> Result<()> {
+        self.upsert_coordinator(node, now, claimed_at).await
+    }
+
+    async fn coordinators(&self, since: Millis) -> Result<Vec<CoordinatorSeen>> {
+        self.coordinator_rows(since).await
     }
 
     async fn db_now(&self) -> Result<Millis> {
