@@ -89,7 +89,7 @@ proptest! {
     #[test]
     fn the_native_create_check_passes_or_answers_a_4xx(value in body()) {
         let bytes = Bytes::from(value.to_string());
-        if let Err(e) = idem::api::native::check_create(Ok(bytes), &TxOptions::default(), &LIMITS, 0) {
+        if let Err(e) = idem::api::native::check_create(Ok(bytes), None, &TxOptions::default(), &LIMITS, 0) {
             prop_assert!(e.status.is_client_error(), "{} {} for {}", e.status, e.code, value);
         }
     }
@@ -106,7 +106,7 @@ proptest! {
     #[test]
     fn any_bytes_are_refused_with_a_4xx(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
         let body = Ok(Bytes::from(bytes));
-        if let Err(e) = idem::api::native::check_create(body, &TxOptions::default(), &LIMITS, 0) {
+        if let Err(e) = idem::api::native::check_create(body, None, &TxOptions::default(), &LIMITS, 0) {
             prop_assert!(e.status.is_client_error());
         }
     }
@@ -119,6 +119,7 @@ fn both_parsers_accept_a_valid_saga() {
         {"action": "http://127.0.0.1:9/a", "compensate": "http://127.0.0.1:9/b"}]});
     let checked = idem::api::native::check_create(
         Ok(Bytes::from(saga.to_string())),
+        None,
         &TxOptions::default(),
         &LIMITS,
         0,

@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let body = Ok(Bytes::copy_from_slice(data));
     if let Err(e) =
-        idem::api::native::check_create(body, &TxOptions::default(), &Limits::default(), 0)
+        idem::api::native::check_create(body, None, &TxOptions::default(), &Limits::default(), 0)
     {
         assert!(e.status.is_client_error(), "{} {}", e.status, e.code);
         assert!(!e.code.is_empty());

@@ -18,6 +18,7 @@ pub mod auth;
 pub mod dtm;
 pub mod error;
 mod http_metrics;
+pub mod identity;
 pub mod native;
 pub mod openapi;
 pub mod rate_limit;

@@ -58,7 +58,7 @@ const RESERVED_HEADERS: [&str; 12] = [
 ];
 
 /// A value for an error message: client texts can be a megabyte long.
-fn shown(text: &str) -> String {
+pub(crate) fn shown(text: &str) -> String {
     const KEEP: usize = 64;
     if text.len() <= KEEP {
         return format!("{text:?}");

@@ -78,7 +78,8 @@ impl Default for RetryPolicy {
 }
 
 /// What a create answered: the transaction, and whether this request created it (`201`)
-/// or found it already created by a request with the same gid and body (`200`). A retry
+/// or found it already created by a request with the same gid and body (`200`, or `202` while
+/// that transaction is still being driven). A retry
 /// by the client's own policy after a lost answer sees `new == false` for a transaction
 /// its first attempt created.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Number, Value};
 
 use super::DtmError;
@@ -17,7 +17,7 @@ use crate::api::validate::{
     TIMEOUT, check_branch_count, check_id, check_payload, check_text, check_url, parse_body,
     parse_orders,
 };
-use crate::core::{Kind, Millis, Protocol, TxOptions};
+use crate::core::{Kind, Millis, Protocol, SagaStep, TxOptions};
 
 /// DTM's `TransGlobal` as clients send it. Every field may be absent or `null`; unknown
 /// keys (such as the obsolete `passthrough_headers`) are ignored.
@@ -39,23 +39,6 @@ pub(super) struct TransRequest {
     pub(super) branch_headers: Option<BTreeMap<String, String>>,
     pub(super) query_prepared: Option<String>,
     pub(super) rollback_reason: Option<String>,
-}
-
-/// What of a request makes its identity (hashed to recognise a repeat): the fields that
-/// change what happens, with DTM's "zero means unset" applied, so `null`, `0` and absence
-/// hash alike.
-#[derive(Debug, Serialize)]
-pub(super) struct Identity<'a> {
-    pub(super) gid: &'a str,
-    pub(super) trans_type: &'a str,
-    pub(super) steps: Vec<(String, String, String)>,
-    pub(super) custom_data: Option<&'a str>,
-    pub(super) timeout_to_fail: Option<Number>,
-    pub(super) request_timeout: Option<Number>,
-    pub(super) retry_interval: Option<Number>,
-    pub(super) retry_limit: Option<Number>,
-    pub(super) branch_headers: BTreeMap<String, String>,
-    pub(super) query_prepared: Option<&'a str>,
 }
 
 /// A parsed and checked request.
@@ -174,25 +157,42 @@ pub fn parse_trans(
         apply_custom_data(kind, custom, steps.len(), &mut options)?;
     }
 
-    let identity = serde_json::to_value(Identity {
-        gid: &gid,
-        trans_type: &trans_type,
-        steps: steps.clone(),
-        custom_data: req.custom_data.as_deref().filter(|c| !c.is_empty()),
-        timeout_to_fail: positive(&req.timeout_to_fail),
-        request_timeout: positive(&req.request_timeout),
-        retry_interval: positive(&req.retry_interval),
-        retry_limit: positive(&req.retry_limit),
-        branch_headers: req.branch_headers.clone().unwrap_or_default(),
-        query_prepared: req.query_prepared.as_deref().filter(|q| !q.is_empty()),
-    })
-    .expect("serialisable");
+    // The same identity as the native door's for the same transaction: the steps and the
+    // options as stored.
+    let query_prepared = req.query_prepared.clone().filter(|q| !q.is_empty());
+    let identity = match kind {
+        Kind::Saga => {
+            let saga_steps: Vec<SagaStep> = steps
+                .iter()
+                .map(|(action, compensate, payload)| SagaStep {
+                    action: action.clone(),
+                    compensate: compensate.clone(),
+                    payload: payload.clone(),
+                })
+                .collect();
+            crate::api::identity::saga(&gid, &saga_steps, &options)
+        }
+        Kind::Tcc | Kind::Msg => {
+            let msg_steps: Vec<(String, String)> = steps
+                .iter()
+                .map(|(a, _, p)| (a.clone(), p.clone()))
+                .collect();
+            crate::api::identity::prepared(
+                &gid,
+                kind,
+                &msg_steps,
+                &[],
+                query_prepared.as_deref(),
+                &options,
+            )
+        }
+    };
     Ok(Trans {
         gid,
         kind,
         steps,
         options,
-        query_prepared: req.query_prepared.filter(|q| !q.is_empty()),
+        query_prepared,
         wait_result: req.wait_result.unwrap_or(false),
         reason: req.rollback_reason,
         identity,

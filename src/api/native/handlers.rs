@@ -37,10 +37,12 @@ use crate::store::ListFilter;
     path = "/api/v1/transactions",
     operation_id = "create",
     tag = "transactions",
+    params(("Idempotency-Key" = Option<String>, Header, description = "The gid, when the body names none (the same rules as a gid); a body gid that differs is 400 idempotency_key_mismatch. A create with neither gets a generated gid and is not safe to retry.")),
     request_body = CreateRequest,
     responses(
         (status = 201, description = "Created", body = TxView),
-        (status = 200, description = "A repeat of the same request: what is stored", body = TxView),
+        (status = 200, description = "A repeat of the same request: what is stored, its outcome known", body = TxView),
+        (status = 202, description = "A repeat of the same request while the first's transaction is still being driven: what is stored now", body = TxView),
     )
 )]
 pub(super) async fn create(
@@ -50,7 +52,14 @@ pub(super) async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let defaults = &app.engine.config().defaults;
-    let checked = check_create(body, defaults, &app.limits, app.engine.now())?;
+    let key_header = idempotency_key(&headers)?;
+    let checked = check_create(
+        body,
+        key_header.as_deref(),
+        defaults,
+        &app.limits,
+        app.engine.now(),
+    )?;
     let key = caller.key(&checked.gid);
     app.check_outbound(caller.tenant(), checked.new.urls())?;
     app.admit_create(caller.tenant(), &key).await?;
@@ -78,8 +87,12 @@ pub(super) async fn create(
     } else {
         outcome.stored
     };
+    // A repeat answers what is stored now: 202 while the first request's transaction is
+    // still being driven (its outcome is not known yet), 200 once it has one.
     let status = if outcome.created {
         StatusCode::CREATED
+    } else if is_driven(stored.tx.status) {
+        StatusCode::ACCEPTED
     } else {
         StatusCode::OK
     };
@@ -164,6 +177,28 @@ pub(super) async fn register(
         }),
     };
     Ok((status, Json(view)).into_response())
+}
+
+/// The `Idempotency-Key` header, which names the gid of a create whose body has none.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let text = value.to_str().map_err(|_| {
+        ApiError::bad_request(
+            "invalid_idempotency_key",
+            "the Idempotency-Key header must be visible ASCII",
+        )
+    })?;
+    Ok(Some(text.trim().to_owned()))
+}
+
+/// A status in which the coordinator is still calling participants.
+fn is_driven(status: Status) -> bool {
+    matches!(
+        status,
+        Status::Running | Status::Committing | Status::Aborting
+    )
 }
 
 /// The four operations on one transaction, which share their request and answer.

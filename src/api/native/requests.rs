@@ -168,15 +168,6 @@ pub(super) fn payload_text(payload: &Value) -> String {
     }
 }
 
-/// The part of a request that makes its identity: `wait_result` changes how the answer
-/// is given, not what is asked, so it is left out of the hash.
-pub(super) fn identity(mut request: Value) -> Value {
-    if let Value::Object(map) = &mut request {
-        map.remove("wait_result");
-    }
-    request
-}
-
 /// `POST /api/v1/transactions/{gid}/branches`.
 /// A create request, parsed and checked: what the engine is asked to store. The trace
 /// context comes from the request's headers; the handler sets it.
@@ -233,6 +224,7 @@ pub struct CheckedCreate {
 /// way it can be wrong is a 4xx [`ApiError`]. Public so the fuzz targets reach it.
 pub fn check_create(
     body: Result<Bytes, BytesRejection>,
+    idempotency_key: Option<&str>,
     defaults: &TxOptions,
     limits: &Limits,
     now: Millis,
@@ -247,17 +239,29 @@ pub fn check_create(
             ),
         )
     })?;
-    let gid = match req.gid {
-        Some(gid) => {
+    let _ = raw;
+    let gid = match (req.gid, idempotency_key) {
+        (Some(gid), Some(key)) if gid != key => {
+            return Err(ApiError::bad_request(
+                "idempotency_key_mismatch",
+                format!(
+                    "the body's gid {} and the Idempotency-Key header {} differ; send one, or both alike",
+                    crate::api::validate::shown(&gid),
+                    crate::api::validate::shown(key)
+                ),
+            ));
+        }
+        (Some(gid), _) => {
             check_id("gid", "invalid_gid", &gid)?;
             gid
         }
-        None => uuid::Uuid::new_v4().simple().to_string(),
+        (None, Some(key)) => {
+            check_id("the Idempotency-Key header", "invalid_idempotency_key", key)?;
+            key.to_owned()
+        }
+        // Documented as not safe to retry: a resent request makes a second transaction.
+        (None, None) => uuid::Uuid::new_v4().simple().to_string(),
     };
-    let mut request = identity(raw);
-    if let Value::Object(map) = &mut request {
-        map.insert("gid".into(), Value::String(gid.clone()));
-    }
     let invalid = |m: &str| Err(ApiError::bad_request("invalid_request", m.to_owned()));
     let new = match kind {
         Kind::Saga => {
@@ -293,6 +297,7 @@ pub fn check_create(
                 });
             }
             let options = req.options.resolve(defaults, steps.len())?;
+            let request = crate::api::identity::saga(&gid, &steps, &options);
             NewTransaction::Saga(NewSaga {
                 gid: gid.clone(),
                 steps,
@@ -341,6 +346,14 @@ pub fn check_create(
                 check_url("query_prepared", url)?;
             }
             let options = req.options.resolve(defaults, req.steps.len())?;
+            let request = crate::api::identity::prepared(
+                &gid,
+                kind,
+                &msg_steps,
+                &branches,
+                req.query_prepared.as_deref(),
+                &options,
+            );
             NewTransaction::Prepared(NewPrepared {
                 gid: gid.clone(),
                 kind,
@@ -410,13 +423,6 @@ pub(super) struct ListQuery {
 mod tests {
     use super::*;
     use crate::api::validate::OPTIONS;
-
-    #[test]
-    fn wait_result_is_not_part_of_the_identity() {
-        let a = identity(serde_json::json!({"gid": "g", "wait_result": true}));
-        let b = identity(serde_json::json!({"gid": "g"}));
-        assert_eq!(a, b);
-    }
 
     #[test]
     fn every_numeric_option_is_an_options_field_of_the_same_name() {
