@@ -296,8 +296,7 @@ fn add_errors(spec: &mut Value) {
 
 /// The rules of `validate::check_id` and `check_url`, written once from their bounds: the id
 /// pattern on every `{gid}` path parameter, the `Idempotency-Key` header and the ids a request
-/// names, the length cap
-/// on every participant URL.
+/// names, the length cap on every participant URL.
 fn add_id_and_url_rules(spec: &mut Value) {
     let pattern = json!(id_pattern());
     if let Some(paths) = spec["paths"].as_object_mut() {
