@@ -11,7 +11,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
-use super::requests::{AllParams, GidOnly, QueryParams, Trans, parse};
+use super::requests::{AllParams, GidOnly, QueryParams, Trans, msg_steps, parse, saga_steps};
 use super::views::{branch_view, dtm_status, from_dtm_status, global_view};
 use super::{DtmError, DtmResponse, DtmResult, failure, ongoing, success};
 use crate::api::AppState;
@@ -22,7 +22,7 @@ use crate::api::validate::{
     decode_cursor, list_limit, parse_body, registration_error,
 };
 use crate::auth::Role;
-use crate::core::{Action, Branch, Kind, SagaStep, Status};
+use crate::core::{Action, Branch, Kind, Status};
 use crate::engine::{EngineError, NewPrepared, NewSaga};
 use crate::outbound::redact::redacted;
 use crate::store::{ListFilter, StoredTx};
@@ -83,11 +83,7 @@ async fn create_prepared(
             gid: t.gid.clone(),
             kind: t.kind,
             options: t.options.clone(),
-            msg_steps: t
-                .steps
-                .iter()
-                .map(|(a, _, p)| (a.clone(), p.clone()))
-                .collect(),
+            msg_steps: msg_steps(&t.steps),
             query_prepared: t.query_prepared.clone(),
             branches: Vec::new(),
             request: t.identity.clone(),
@@ -134,15 +130,7 @@ pub(super) async fn submit(
                     ApiError::bad_request("empty_steps", "a saga needs at least one step").into(),
                 );
             }
-            let steps = t
-                .steps
-                .iter()
-                .map(|(action, compensate, payload)| SagaStep {
-                    action: action.clone(),
-                    compensate: compensate.clone(),
-                    payload: payload.clone(),
-                })
-                .collect();
+            let steps = saga_steps(&t.steps);
             app.admit_create(caller.tenant(), &t.gid).await?;
             app.engine
                 .create_saga(NewSaga {

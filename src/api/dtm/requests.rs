@@ -55,6 +55,26 @@ pub struct Trans {
     pub(super) identity: Value,
 }
 
+/// DTM's steps (action, compensate, payload) as a saga's.
+pub(super) fn saga_steps(steps: &[(String, String, String)]) -> Vec<SagaStep> {
+    steps
+        .iter()
+        .map(|(action, compensate, payload)| SagaStep {
+            action: action.clone(),
+            compensate: compensate.clone(),
+            payload: payload.clone(),
+        })
+        .collect()
+}
+
+/// DTM's steps as a msg's (action, payload): a msg step has no compensation.
+pub(super) fn msg_steps(steps: &[(String, String, String)]) -> Vec<(String, String)> {
+    steps
+        .iter()
+        .map(|(action, _, payload)| (action.clone(), payload.clone()))
+        .collect()
+}
+
 /// DTM's convention: an integer of 0 or below means "not set". Anything else, fractions
 /// included, goes to the shared checks.
 fn positive(v: &Option<Number>) -> Option<Number> {
@@ -161,31 +181,15 @@ pub fn parse_trans(
     // options as stored.
     let query_prepared = req.query_prepared.clone().filter(|q| !q.is_empty());
     let identity = match kind {
-        Kind::Saga => {
-            let saga_steps: Vec<SagaStep> = steps
-                .iter()
-                .map(|(action, compensate, payload)| SagaStep {
-                    action: action.clone(),
-                    compensate: compensate.clone(),
-                    payload: payload.clone(),
-                })
-                .collect();
-            crate::api::identity::saga(&gid, &saga_steps, &options)
-        }
-        Kind::Tcc | Kind::Msg => {
-            let msg_steps: Vec<(String, String)> = steps
-                .iter()
-                .map(|(a, _, p)| (a.clone(), p.clone()))
-                .collect();
-            crate::api::identity::prepared(
-                &gid,
-                kind,
-                &msg_steps,
-                &[],
-                query_prepared.as_deref(),
-                &options,
-            )
-        }
+        Kind::Saga => crate::api::identity::saga(&gid, &saga_steps(&steps), &options),
+        Kind::Tcc | Kind::Msg => crate::api::identity::prepared(
+            &gid,
+            kind,
+            &msg_steps(&steps),
+            &[],
+            query_prepared.as_deref(),
+            &options,
+        ),
     };
     Ok(Trans {
         gid,

@@ -229,7 +229,7 @@ pub fn check_create(
     limits: &Limits,
     now: Millis,
 ) -> Result<CheckedCreate, ApiError> {
-    let (req, raw): (CreateRequest, Value) = parse_body(body, None)?;
+    let (req, _): (CreateRequest, Value) = parse_body(body, None)?;
     let kind: Kind = req.kind.parse().map_err(|_| {
         ApiError::bad_request(
             "unknown_kind",
@@ -239,7 +239,6 @@ pub fn check_create(
             ),
         )
     })?;
-    let _ = raw;
     let gid = match (req.gid, idempotency_key) {
         (Some(gid), Some(key)) if gid != key => {
             return Err(ApiError::bad_request(
