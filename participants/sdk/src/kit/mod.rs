@@ -1,0 +1,147 @@
+//! What every tool of the idempotency kit shares: the clock leases are measured on, the
+//! owner tokens that fence a claim, and the bounded delete that retention runs.
+//!
+//! The tools themselves (the Idempotency-Key records, the barrier's lease mode, payment
+//! callbacks, the consumer log, job units) each keep their table and protocol in their own
+//! module; this one holds only what would otherwise be written once per tool.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use sqlx::Pool;
+
+use crate::backend::{Arg, BarrierDatabase};
+use idem_sql::Backend;
+
+/// Where leases and retention windows read the time, in Unix milliseconds.
+///
+/// The service's clock, not the database's: a lease only decides *when* another instance
+/// may take over, never *whether* a write lands (every write after a claim names the owner
+/// token in its `WHERE`), so skew between instances delays a takeover but cannot let a
+/// stale owner overwrite a newer one. Tests give a [`ManualClock`] and move it instead of
+/// sleeping.
+pub trait Clock: Send + Sync + 'static {
+    /// Now, in milliseconds since the Unix epoch.
+    fn now_ms(&self) -> i64;
+}
+
+/// The system's wall clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+/// A clock that moves only when told to, shared by clones (tests of lease expiry).
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock(Arc<AtomicI64>);
+
+impl ManualClock {
+    /// A clock reading `now_ms`.
+    pub fn at(now_ms: i64) -> ManualClock {
+        ManualClock(Arc::new(AtomicI64::new(now_ms)))
+    }
+
+    /// Moves the clock forward by `ms`.
+    pub fn advance(&self, ms: i64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A clock behind an `Arc`, as the tools keep it.
+pub type SharedClock = Arc<dyn Clock>;
+
+/// The system clock as a [`SharedClock`].
+pub fn system_clock() -> SharedClock {
+    Arc::new(SystemClock)
+}
+
+/// A new owner token: 32 random hex digits, unguessable and never reused, so that a claim
+/// that was taken over can be told from its successor by comparing tokens.
+pub fn new_owner_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Deletes at most `batch` rows of `table` that match `predicate` (SQL with `?`
+/// placeholders, bound to `args`), and returns how many went.
+///
+/// One bounded statement per call, so a purge never holds locks on a large part of a table
+/// the service is writing; callers loop until fewer than `batch` rows went. `table` and
+/// `predicate` are the caller's own text (checked table names, fixed SQL), never input.
+#[allow(dead_code)] // until the first tool's retention uses it
+pub(crate) async fn delete_batch<DB: BarrierDatabase>(
+    pool: &Pool<DB>,
+    table: &str,
+    predicate: &str,
+    args: Vec<Arg>,
+    batch: u32,
+) -> Result<u64, sqlx::Error> {
+    let dialect = DB::pool_dialect(pool);
+    let sql = match dialect {
+        // PostgreSQL has no DELETE ... LIMIT: pick the rows by their physical address.
+        Backend::Postgres => format!(
+            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {predicate} LIMIT {batch}))"
+        ),
+        Backend::Mysql => format!("DELETE FROM {table} WHERE {predicate} LIMIT {batch}"),
+        Backend::Sqlite => format!(
+            "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {predicate} LIMIT {batch})"
+        ),
+    };
+    let mut conn = pool.acquire().await?;
+    DB::exec(&mut conn, dialect.rewrite(&sql), args).await
+}
+
+/// Runs [`delete_batch`] until a batch comes back short; returns the rows deleted in all.
+#[allow(dead_code)] // until the first tool's retention uses it
+pub(crate) async fn delete_all_in_batches<DB: BarrierDatabase>(
+    pool: &Pool<DB>,
+    table: &str,
+    predicate: &str,
+    args: Vec<Arg>,
+    batch: u32,
+) -> Result<u64, sqlx::Error> {
+    let batch = batch.max(1);
+    let mut total = 0;
+    loop {
+        let deleted = delete_batch(pool, table, predicate, args.clone(), batch).await?;
+        total += deleted;
+        if deleted < u64::from(batch) {
+            return Ok(total);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_only_when_told_and_clones_share_it() {
+        let clock = ManualClock::at(1_000);
+        let other = clock.clone();
+        assert_eq!(clock.now_ms(), 1_000);
+        other.advance(250);
+        assert_eq!(clock.now_ms(), 1_250);
+    }
+
+    #[test]
+    fn owner_tokens_are_32_hex_digits_and_differ() {
+        let a = new_owner_token();
+        let b = new_owner_token();
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}
