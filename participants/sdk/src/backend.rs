@@ -15,7 +15,7 @@ use idem_sql::Backend;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub(crate) use sealed::Arg;
+pub(crate) use sealed::{Arg, Cell, CellKind};
 
 pub(crate) mod sealed {
     use super::*;
@@ -27,6 +27,44 @@ pub(crate) mod sealed {
         Text(String),
         OptText(Option<String>),
         Int(i64),
+        OptInt(Option<i64>),
+    }
+
+    /// What a column of [`Ops::fetch_cells`] is read as.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum CellKind {
+        /// Nullable text.
+        Text,
+        /// Nullable 64-bit integer (`BIGINT` on PostgreSQL: an `INTEGER` column does not
+        /// decode as one).
+        Int,
+    }
+
+    /// One value of a row read by [`Ops::fetch_cells`].
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum Cell {
+        /// A text column.
+        Text(Option<String>),
+        /// An integer column.
+        Int(Option<i64>),
+    }
+
+    impl Cell {
+        /// The text, if this is a non-null text cell.
+        pub fn text(&self) -> Option<&str> {
+            match self {
+                Cell::Text(v) => v.as_deref(),
+                Cell::Int(_) => None,
+            }
+        }
+
+        /// The integer, if this is a non-null integer cell.
+        pub fn int(&self) -> Option<i64> {
+            match self {
+                Cell::Int(v) => *v,
+                Cell::Text(_) => None,
+            }
+        }
     }
 
     /// The primitives. Private, so that [`BarrierDatabase`] can only be implemented here.
@@ -54,6 +92,13 @@ pub(crate) mod sealed {
             args: Vec<Arg>,
             columns: usize,
         ) -> BoxFuture<'c, Result<Vec<Vec<Option<String>>>, sqlx::Error>>;
+        /// Runs a query and reads its first `kinds.len()` columns as `kinds` says.
+        fn fetch_cells<'c>(
+            conn: &'c mut Self::Connection,
+            sql: String,
+            args: Vec<Arg>,
+            kinds: &'static [CellKind],
+        ) -> BoxFuture<'c, Result<Vec<Vec<Cell>>, sqlx::Error>>;
     }
 }
 
@@ -64,6 +109,22 @@ pub(crate) mod sealed {
 /// [`crate::Backend::sql`] for its own statements; one that targets a single database can
 /// use that backend's typed pool directly.
 pub trait BarrierDatabase: sealed::Ops {}
+
+/// Binds every [`Arg`] to a query, in order.
+macro_rules! bind_args {
+    ($query:expr, $args:expr) => {{
+        let mut query = $query;
+        for arg in $args {
+            query = match arg {
+                Arg::Text(v) => query.bind(v),
+                Arg::OptText(v) => query.bind(v),
+                Arg::Int(v) => query.bind(v),
+                Arg::OptInt(v) => query.bind(v),
+            };
+        }
+        query
+    }};
+}
 
 macro_rules! impl_barrier_database {
     ($db:ty, |$options:ident| $options_dialect:expr, |$conn:ident| $conn_dialect:expr) => {
@@ -94,14 +155,7 @@ macro_rules! impl_barrier_database {
                 args: Vec<Arg>,
             ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
                 Box::pin(async move {
-                    let mut query = sqlx::query::<$db>(AssertSqlSafe(sql));
-                    for arg in args {
-                        query = match arg {
-                            Arg::Text(v) => query.bind(v),
-                            Arg::OptText(v) => query.bind(v),
-                            Arg::Int(v) => query.bind(v),
-                        };
-                    }
+                    let query = bind_args!(sqlx::query::<$db>(AssertSqlSafe(sql)), args);
                     Ok(query.execute(&mut *conn).await?.rows_affected())
                 })
             }
@@ -113,19 +167,40 @@ macro_rules! impl_barrier_database {
                 columns: usize,
             ) -> BoxFuture<'c, Result<Vec<Vec<Option<String>>>, sqlx::Error>> {
                 Box::pin(async move {
-                    let mut query = sqlx::query::<$db>(AssertSqlSafe(sql));
-                    for arg in args {
-                        query = match arg {
-                            Arg::Text(v) => query.bind(v),
-                            Arg::OptText(v) => query.bind(v),
-                            Arg::Int(v) => query.bind(v),
-                        };
-                    }
+                    let query = bind_args!(sqlx::query::<$db>(AssertSqlSafe(sql)), args);
                     let rows = query.fetch_all(&mut *conn).await?;
                     rows.iter()
                         .map(|row| {
                             (0..columns)
                                 .map(|i| row.try_get::<Option<String>, _>(i))
+                                .collect::<Result<Vec<_>, _>>()
+                        })
+                        .collect()
+                })
+            }
+
+            fn fetch_cells<'c>(
+                conn: &'c mut <Self as Database>::Connection,
+                sql: String,
+                args: Vec<Arg>,
+                kinds: &'static [CellKind],
+            ) -> BoxFuture<'c, Result<Vec<Vec<Cell>>, sqlx::Error>> {
+                Box::pin(async move {
+                    let query = bind_args!(sqlx::query::<$db>(AssertSqlSafe(sql)), args);
+                    let rows = query.fetch_all(&mut *conn).await?;
+                    rows.iter()
+                        .map(|row| {
+                            kinds
+                                .iter()
+                                .enumerate()
+                                .map(|(i, kind)| match kind {
+                                    CellKind::Text => {
+                                        row.try_get::<Option<String>, _>(i).map(Cell::Text)
+                                    }
+                                    CellKind::Int => {
+                                        row.try_get::<Option<i64>, _>(i).map(Cell::Int)
+                                    }
+                                })
                                 .collect::<Result<Vec<_>, _>>()
                         })
                         .collect()

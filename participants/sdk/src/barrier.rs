@@ -83,7 +83,7 @@
 //! the transaction it is given: it may run more than once, and only the last attempt counts.
 
 mod rows;
-mod step;
+pub(crate) mod step;
 mod types;
 
 use std::borrow::Cow;
@@ -106,7 +106,7 @@ use rows::{
 pub use step::{OpenedStep, StepConn, StepConnections, StepTx};
 use step::{Shared, Slot};
 pub(crate) use types::check_id;
-use types::jitter_unit;
+pub(crate) use types::jitter_unit;
 pub use types::{
     DEFAULT_TABLE, InvalidCall, MAX_ID_LEN, MSG_BRANCH_ID, Op, Outcome, RetryPolicy, TransType,
     check_table_name,

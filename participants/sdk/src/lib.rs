@@ -77,7 +77,9 @@ pub use idem_sql::Backend;
 /// [`Backend`] under the SDK's former name: `Dialect::from_url`, `tx.dialect().sql(..)`.
 pub use idem_sql::Backend as Dialect;
 pub use idem_sql::{LeanPool, LeanPoolOptions, Leased, Placeholders, rewrite_placeholders};
-pub use kit::{Clock, ManualClock, SharedClock, SystemClock, new_owner_token, system_clock};
+pub use kit::{
+    Clock, LocalTx, ManualClock, SharedClock, SystemClock, new_owner_token, run_local, system_clock,
+};
 pub use retention::{BarrierRetention, CoordinatorSettings, spawn_barrier_purge};
 pub use schema::{
     BarrierRecord, MsgState, barrier_ddl, barrier_records, barrier_records_in,

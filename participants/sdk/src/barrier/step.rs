@@ -16,7 +16,7 @@ use idem_sql::Backend;
 /// Where the step's connection lives: a transaction the barrier opened and will commit
 /// ([`Barrier::run`], on a `sqlx::Pool` or on a [`LeanPool`] connection), or the caller's
 /// ([`Barrier::run_in`]).
-pub(super) enum Slot<'t, DB: Database> {
+pub(crate) enum Slot<'t, DB: Database> {
     Owned(Transaction<'static, DB>),
     /// A leased connection on which the barrier began a transaction.
     Leased(Leased<DB>),
@@ -24,7 +24,7 @@ pub(super) enum Slot<'t, DB: Database> {
 }
 
 impl<DB: Database> Slot<'_, DB> {
-    pub(super) fn conn(&mut self) -> &mut DB::Connection {
+    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
         match self {
             Slot::Owned(tx) => tx,
             Slot::Leased(conn) => conn,
@@ -34,10 +34,10 @@ impl<DB: Database> Slot<'_, DB> {
 }
 
 /// A local transaction [`Barrier::run`] opened for one attempt of a step.
-pub struct OpenedStep<DB: Database>(pub(super) Slot<'static, DB>);
+pub struct OpenedStep<DB: Database>(pub(crate) Slot<'static, DB>);
 
 impl<DB: BarrierDatabase> OpenedStep<DB> {
-    pub(super) async fn finish(self, commit: bool) -> Result<(), sqlx::Error> {
+    pub(crate) async fn finish(self, commit: bool) -> Result<(), sqlx::Error> {
         match self.0 {
             Slot::Owned(tx) if commit => tx.commit().await,
             Slot::Owned(tx) => tx.rollback().await,
@@ -100,7 +100,7 @@ impl<DB: BarrierDatabase> StepConnections for LeanPool<DB> {
     }
 }
 
-pub(super) type Shared<'t, DB> = Arc<tokio::sync::Mutex<Slot<'t, DB>>>;
+pub(crate) type Shared<'t, DB> = Arc<tokio::sync::Mutex<Slot<'t, DB>>>;
 
 /// The local transaction a guarded closure works in, plus what it needs to write its own
 /// statements for whichever backend this is.

@@ -255,7 +255,7 @@ impl RetryPolicy {
 
 /// A random number in [0, 1) without a dependency: the standard library seeds each
 /// `RandomState` from the OS.
-pub(super) fn jitter_unit() -> f64 {
+pub(crate) fn jitter_unit() -> f64 {
     let bits = std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish();

@@ -5,6 +5,10 @@
 //! callbacks, the consumer log, job units) each keep their table and protocol in their own
 //! module; this one holds only what would otherwise be written once per tool.
 
+pub mod local;
+
+pub use local::{LocalConn, LocalTx, run_local};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 

@@ -1,6 +1,9 @@
 //! What the barrier test files share: a database with a counter, the business step that
 //! bumps it, and the barriers and gids the tests use.
 
+// Each test file uses its own part of this module.
+#![allow(dead_code)]
+
 use std::hash::{BuildHasher, Hasher};
 
 use idem_participant::testing::TestDatabase;
