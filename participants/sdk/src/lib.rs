@@ -48,9 +48,11 @@
 
 pub mod backend;
 pub mod barrier;
+pub mod consumer;
 pub mod error;
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod jobs;
 pub mod kit;
 pub mod metrics;
 pub mod retention;
@@ -69,6 +71,7 @@ pub use barrier::{
     Barrier, DEFAULT_TABLE, InvalidCall, MSG_BRANCH_ID, Op, OpenedStep, Outcome, RetryPolicy,
     StepConnections, StepTx, TransType,
 };
+pub use consumer::{ConsumerLog, Handled, create_consumer_tables, purge_consumer_log};
 pub use error::ParticipantError;
 #[cfg(feature = "axum")]
 pub use http::{BranchCall, Payload};
@@ -77,6 +80,9 @@ pub use idem_sql::Backend;
 /// [`Backend`] under the SDK's former name: `Dialect::from_url`, `tx.dialect().sql(..)`.
 pub use idem_sql::Backend as Dialect;
 pub use idem_sql::{LeanPool, LeanPoolOptions, Leased, Placeholders, rewrite_placeholders};
+pub use jobs::{
+    JobSummary, JobUnits, UnitClaim, UnitKey, UnitOutcome, create_job_tables, purge_job_units,
+};
 pub use kit::{
     Clock, LocalTx, ManualClock, SharedClock, SystemClock, new_owner_token, run_local, system_clock,
 };
