@@ -268,9 +268,12 @@ fn snapshotter() -> &'static Snapshotter {
     })
 }
 
+/// A metric seen: name, labels, value.
+type Sample = (String, Vec<(String, String)>, DebugValue);
+
 /// The counter `name` with exactly these labels in a fresh snapshot (0 if absent).
 fn counter_value(
-    snapshot: &[(String, Vec<(String, String)>, DebugValue)],
+    snapshot: &[Sample],
     name: &str,
     labels: &[(&str, &str)],
 ) -> u64 {
