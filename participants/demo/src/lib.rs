@@ -30,6 +30,7 @@
 //! check ([`idem_participant::signature`]); `idem-demo --signing-secret-file PATH` does so.
 
 pub mod coupon;
+pub mod events;
 pub mod inventory;
 pub mod payment;
 
