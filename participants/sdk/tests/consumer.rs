@@ -5,7 +5,7 @@
 //! The business table `credits` has no unique key of its own, so a second application of
 //! an event would show as a second row.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_participant::consumer::{
@@ -14,8 +14,11 @@ use idem_participant::consumer::{
 };
 use idem_participant::testing::{self, TestDatabase};
 use idem_participant::{Backend, LocalTx, ManualClock, ParticipantError};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use sqlx::{Any, AnyPool, Row};
+
+#[path = "kit_support/recorder.rs"]
+mod recorder;
+use recorder::counter_value;
 
 async fn setup(db: &TestDatabase) -> AnyPool {
     let pool = idem_participant::connect(&db.url, 8)
@@ -255,49 +258,11 @@ async fn retention_deletes_only_rows_older_than_the_window() {
     }
 }
 
-fn snapshotter() -> &'static Snapshotter {
-    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder
-            .install()
-            .expect("the only recorder of this process");
-        describe();
-        snapshotter
-    })
-}
-
-/// A metric seen: name, labels, value.
-type Sample = (String, Vec<(String, String)>, DebugValue);
-
-/// The counter `name` with exactly these labels in a fresh snapshot (0 if absent).
-fn counter_value(
-    snapshot: &[Sample],
-    name: &str,
-    labels: &[(&str, &str)],
-) -> u64 {
-    snapshot
-        .iter()
-        .filter(|(n, l, _)| {
-            n == name
-                && l.len() == labels.len()
-                && labels
-                    .iter()
-                    .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
-        })
-        .map(|(_, _, v)| match v {
-            DebugValue::Counter(c) => *c,
-            other => panic!("{name} is not a counter: {other:?}"),
-        })
-        .sum()
-}
-
 // The only test of this binary that takes snapshots: they reset counters, and labels here
 // carry a group name no other test uses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_outcomes_by_group_and_never_label_an_event_id() {
-    let snapshotter = snapshotter();
+    let snapshotter = recorder::snapshotter(describe);
     for db in testing::all("metrics_count_outcomes_by_group_and_never_label_an_event_id").await {
         let pool = setup(&db).await;
         let group = "metrics-group";
@@ -318,19 +283,7 @@ async fn metrics_count_outcomes_by_group_and_never_label_an_event_id() {
         let purged = purge_consumer_log(&pool, MIN_CONSUMER_LOG_RETENTION, 10, &clock)
             .await
             .unwrap();
-        let snapshot: Vec<_> = snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .map(|(key, _, _, value)| {
-                let (_, key) = key.into_parts();
-                let labels: Vec<(String, String)> = key
-                    .labels()
-                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                    .collect();
-                (key.name().to_owned(), labels, value)
-            })
-            .collect();
+        let snapshot = recorder::counters(snapshotter);
         for outcome in ["processed", "duplicate", "failed"] {
             assert_eq!(
                 counter_value(

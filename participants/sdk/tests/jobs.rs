@@ -6,7 +6,7 @@
 //! The business table `ledger` has no unique key, so a unit (or item) applied twice would
 //! show as a second row.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_participant::jobs::{
@@ -15,8 +15,11 @@ use idem_participant::jobs::{
 };
 use idem_participant::testing::{self, TestDatabase};
 use idem_participant::{Backend, LocalTx, ManualClock, ParticipantError};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use sqlx::{Any, AnyPool, Row};
+
+#[path = "kit_support/recorder.rs"]
+mod recorder;
+use recorder::counter_value;
 
 const DATE: &str = "2026-11-30";
 
@@ -420,24 +423,11 @@ async fn bad_keys_are_refused_before_any_write() {
     }
 }
 
-fn snapshotter() -> &'static Snapshotter {
-    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder
-            .install()
-            .expect("the only recorder of this process");
-        describe();
-        snapshotter
-    })
-}
-
 // The only test of this binary that takes snapshots (they reset counters); its job name is
 // used by no other test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_units_by_job_and_outcome() {
-    let snapshotter = snapshotter();
+    let snapshotter = recorder::snapshotter(describe);
     for db in testing::all("metrics_count_units_by_job_and_outcome").await {
         let pool = setup(&db).await;
         let clock = ManualClock::at(1_700_000_000_000);
@@ -480,38 +470,24 @@ async fn metrics_count_units_by_job_and_outcome() {
             .await
             .unwrap();
         assert_eq!(lost, ChunkOutcome::Lost);
-        let mut seen = std::collections::HashMap::new();
-        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-            let (_, key) = key.into_parts();
-            if key.name() != JOB_UNITS_TOTAL {
-                continue;
-            }
-            let labels: Vec<(String, String)> = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            if !labels.contains(&("job".into(), "metrics-job".into())) {
-                continue;
-            }
-            assert_eq!(labels.len(), 2, "job and outcome only: {labels:?}");
-            let outcome = labels
-                .iter()
-                .find(|(k, _)| k == "outcome")
-                .unwrap()
-                .1
-                .clone();
-            let DebugValue::Counter(n) = value else {
-                panic!("counter")
-            };
-            *seen.entry(outcome).or_insert(0) += n;
-        }
+        let counters = recorder::counters(snapshotter);
+        let ours: Vec<_> = counters
+            .iter()
+            .filter(|(name, labels, _)| {
+                name == JOB_UNITS_TOTAL && labels.contains(&("job".into(), "metrics-job".into()))
+            })
+            .collect();
+        assert!(
+            ours.iter().all(|(_, labels, _)| labels.len() == 2),
+            "job and outcome only: {ours:?}"
+        );
         for outcome in ["done", "skipped", "failed", "busy", "lost"] {
-            assert_eq!(
-                seen.get(outcome),
-                Some(&1),
-                "{} {outcome}: {seen:?}",
-                db.backend
+            let n = counter_value(
+                &counters,
+                JOB_UNITS_TOTAL,
+                &[("job", "metrics-job"), ("outcome", outcome)],
             );
+            assert_eq!(n, 1, "{} {outcome}: {ours:?}", db.backend);
         }
         db.drop_database().await;
     }

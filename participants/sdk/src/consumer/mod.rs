@@ -58,6 +58,10 @@ pub(crate) use store::{insert_if_absent, refuse_short_window, run_script};
 /// The consumer log's table.
 pub const CONSUMER_LOG_TABLE: &str = "idem_consumer_log";
 
+const KEY_COLUMNS: &str = "consumer_group, handler_version, event_id";
+const INSERT_COLUMNS: &str = "(consumer_group, handler_version, event_id, broker_message_id, processed_at_ms) VALUES (?, ?, ?, ?, ?)";
+const SET_RESULT: &str = "UPDATE idem_consumer_log SET result = ? WHERE consumer_group = ? AND handler_version = ? AND event_id = ?";
+
 /// Longest consumer group name.
 pub const MAX_GROUP_LEN: usize = 128;
 /// Longest handler version.
@@ -200,9 +204,40 @@ impl ConsumerLog {
         F: FnMut(LocalTx<'static, S::Database>) -> Fut,
         Fut: Future<Output = Result<T, ParticipantError>>,
     {
-        let result = self
-            .handle_inner(pool, event_id, broker_message_id, &mut work)
-            .await;
+        let result = async {
+            check_key("event id", event_id, MAX_EVENT_ID_LEN)?;
+            let broker = broker_message_id.map(|id| cut(id, MAX_BROKER_MESSAGE_ID_LEN));
+            let key = self.key_args(event_id);
+            run_local(pool, self.retry, "consumer log", |tx| {
+                // Futures are lazy: the business change is only polled after the insert won.
+                let business = work(tx.clone());
+                let mut row = key.clone();
+                row.push(Arg::OptText(broker.clone()));
+                row.push(Arg::Int(self.clock.now_ms()));
+                let key = key.clone();
+                async move {
+                    let first =
+                        insert_if_absent(&tx, CONSUMER_LOG_TABLE, INSERT_COLUMNS, KEY_COLUMNS, row)
+                            .await?;
+                    if !first {
+                        drop(business);
+                        return Ok(Handled::Duplicate);
+                    }
+                    let value = business.await?;
+                    let json = serde_json::to_string(&value).map_err(|e| {
+                        ParticipantError::internal(format!("handler result is not JSON: {e}"))
+                    })?;
+                    if json != "null" {
+                        let mut args = vec![Arg::Text(json)];
+                        args.extend(key);
+                        crate::kit::local::exec(&tx, SET_RESULT, args).await?;
+                    }
+                    Ok(Handled::Processed(value))
+                }
+            })
+            .await
+        }
+        .await;
         let outcome = match &result {
             Ok(Handled::Processed(_)) => "processed",
             Ok(Handled::Duplicate) => "duplicate",
@@ -211,63 +246,6 @@ impl ConsumerLog {
         metrics::counter!(CONSUMER_TOTAL, "group" => self.group.clone(), "outcome" => outcome)
             .increment(1);
         result
-    }
-
-    async fn handle_inner<S, T, F, Fut>(
-        &self,
-        pool: &S,
-        event_id: &str,
-        broker_message_id: Option<&str>,
-        work: &mut F,
-    ) -> Result<Handled<T>, ParticipantError>
-    where
-        S: StepConnections,
-        T: Serialize,
-        F: FnMut(LocalTx<'static, S::Database>) -> Fut,
-        Fut: Future<Output = Result<T, ParticipantError>>,
-    {
-        check_key("event id", event_id, MAX_EVENT_ID_LEN)?;
-        let broker = broker_message_id.map(|id| cut(id, MAX_BROKER_MESSAGE_ID_LEN));
-        let key = self.key_args(event_id);
-        run_local(pool, self.retry, "consumer log", |tx| {
-            // Futures are lazy: the business change is only polled after the insert won.
-            let business = work(tx.clone());
-            let mut row = key.clone();
-            row.push(Arg::OptText(broker.clone()));
-            row.push(Arg::Int(self.clock.now_ms()));
-            let key = key.clone();
-            async move {
-                let columns = "(consumer_group, handler_version, event_id, broker_message_id, processed_at_ms) VALUES (?, ?, ?, ?, ?)";
-                let first = insert_if_absent(
-                    &tx,
-                    CONSUMER_LOG_TABLE,
-                    columns,
-                    "consumer_group, handler_version, event_id",
-                    row,
-                )
-                .await?;
-                if !first {
-                    drop(business);
-                    return Ok(Handled::Duplicate);
-                }
-                let value = business.await?;
-                let json = serde_json::to_string(&value).map_err(|e| {
-                    ParticipantError::internal(format!("handler result does not serialise: {e}"))
-                })?;
-                if json != "null" {
-                    let mut args = vec![Arg::Text(json)];
-                    args.extend(key);
-                    crate::kit::local::exec(
-                        &tx,
-                        "UPDATE idem_consumer_log SET result = ? WHERE consumer_group = ? AND handler_version = ? AND event_id = ?",
-                        args,
-                    )
-                    .await?;
-                }
-                Ok(Handled::Processed(value))
-            }
-        })
-        .await
     }
 
     /// The log row of `event_id` in this group and handler version, if it was applied.
