@@ -114,6 +114,14 @@ struct ChildProcess {
     lines: Receiver<String>,
 }
 
+impl Drop for ChildProcess {
+    // A consumer never stops by itself: a failing assertion must not leave one running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn spawn_child(run: &str, database: &str, crash_at: Option<&str>) -> ChildProcess {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
@@ -242,8 +250,7 @@ fn a_consumer_killed_between_commit_and_ack_applies_each_event_once() {
             }
         }
         let converged = restarted.elapsed();
-        second.child.kill().unwrap();
-        second.child.wait().unwrap();
+        drop(second);
 
         // One business row per event id, and one log row per event id.
         let (rows, distinct, logged) = rt.block_on(async {

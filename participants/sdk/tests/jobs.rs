@@ -295,6 +295,54 @@ async fn a_chunked_unit_resumes_from_its_checkpoint_after_the_lease_ran_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_given_up_as_failed_is_retried_from_its_checkpoint() {
+    for db in testing::all("a_unit_given_up_as_failed_is_retried").await {
+        let pool = setup(&db).await;
+        let units = JobUnits::new("export", DATE).unwrap();
+        let key = UnitKey::new(0, "file-c", "part-1");
+        let UnitClaim::Acquired(mut lease) =
+            units.claim(&pool, "exec-1", key.clone()).await.unwrap()
+        else {
+            panic!("first claim")
+        };
+        assert_eq!(
+            units.chunk(&pool, &mut lease, next_chunk).await.unwrap(),
+            ChunkOutcome::Continued
+        );
+        // A chunk that fails rolls back its writes and keeps the last checkpoint.
+        let failed = units
+            .chunk(&pool, &mut lease, |tx, _checkpoint| async move {
+                book(&tx, "chunked", 100, 101).await?;
+                Err::<Progress, _>(ParticipantError::transient("source down"))
+            })
+            .await;
+        assert!(failed.is_err());
+        assert_eq!(
+            units.fail(&pool, &lease).await.unwrap(),
+            ChunkOutcome::Finished
+        );
+        let row = units.unit(&pool, &key).await.unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.checkpoint.as_deref()),
+            (UnitStatus::Failed, Some("2"))
+        );
+        assert_eq!(row.lease_until_ms, None);
+        // The next run takes the FAILED unit at once and resumes where it stopped.
+        let UnitClaim::Acquired(mut retry) =
+            units.claim(&pool, "exec-2", key.clone()).await.unwrap()
+        else {
+            panic!("{}: a FAILED unit is claimable", db.backend)
+        };
+        assert_eq!((retry.checkpoint.as_deref(), retry.attempt), (Some("2"), 2));
+        while units.chunk(&pool, &mut retry, next_chunk).await.unwrap() == ChunkOutcome::Continued {
+        }
+        assert_eq!(booked(&pool, "chunked").await, (10, 10), "{}", db.backend);
+        assert_eq!(units.summary(&pool).await.unwrap().done, 1);
+        db.drop_database().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claims_of_a_chunked_unit_give_it_to_one_runner() {
     for db in testing::all("concurrent_claims_of_a_chunked_unit").await {
         let pool = setup(&db).await;
