@@ -238,7 +238,7 @@ fn a_consumer_killed_between_commit_and_ack_applies_each_event_once() {
         // The second child takes over the durable consumer; JetStream redelivers what the
         // first one never acked (after ACK_WAIT).
         let restarted = Instant::now();
-        let mut second = spawn_child(&run, &db.url, None);
+        let second = spawn_child(&run, &db.url, None);
         let mut acked: BTreeSet<u64> = reports.iter().map(|r| r.2).collect();
         while acked.len() < total {
             let line = next_line(&second, deadline, &reports);
