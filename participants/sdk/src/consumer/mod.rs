@@ -39,6 +39,9 @@
 //! Retention ([`purge_consumer_log`]): a row must outlive every redelivery of its event: the
 //! topic's retention, the longest replay an operator may run, the audit period (seed §24).
 //! Purged earlier, a replayed event is applied again.
+//!
+//! Metrics (seed §28): [`CONSUMER_TOTAL`] by consumer group and outcome,
+//! [`CONSUMER_PURGED_TOTAL`]. No event id is a label.
 
 mod store;
 

@@ -21,6 +21,12 @@
 //!   leaves the unit RUNNING; once its lease ran out (by the tool's [`Clock`]) another
 //!   runner claims it and resumes from the last committed checkpoint.
 //!
+//! Use one way per unit: [`JobUnits::run_unit`] on a unit whose chunked holder's lease ran
+//! out takes it over and runs it whole, without its checkpoint.
+//!
+//! Metrics (seed §28): [`JOB_UNITS_TOTAL`] by job and outcome, [`JOB_UNITS_PURGED_TOTAL`];
+//! [`JobUnits::summary`] gives the counts by status for a gauge. No unit key is a label.
+//!
 //! What it does not do: schedule anything, or pick the units (page by a stable cursor or
 //! business key, seed §22 rule 1). A chunk's business writes must themselves be safe to
 //! redo from the checkpoint, which they are when the checkpoint commits with them. A unit
