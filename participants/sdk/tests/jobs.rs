@@ -259,7 +259,10 @@ async fn a_chunked_unit_resumes_from_its_checkpoint_after_the_lease_ran_out() {
         // The first runner wakes up: its chunk is refused before its work runs.
         let late = units.chunk(&pool, &mut first, next_chunk).await.unwrap();
         assert_eq!(late, ChunkOutcome::Lost, "{}", db.backend);
-        assert_eq!(units.fail(&pool, &first).await.unwrap(), ChunkOutcome::Lost);
+        assert!(
+            !units.fail(&pool, &first).await.unwrap(),
+            "not its unit any more"
+        );
         let mut last = ChunkOutcome::Continued;
         let mut chunks = 0;
         while last == ChunkOutcome::Continued {
@@ -317,10 +320,7 @@ async fn a_unit_given_up_as_failed_is_retried_from_its_checkpoint() {
             })
             .await;
         assert!(failed.is_err());
-        assert_eq!(
-            units.fail(&pool, &lease).await.unwrap(),
-            ChunkOutcome::Finished
-        );
+        assert!(units.fail(&pool, &lease).await.unwrap());
         let row = units.unit(&pool, &key).await.unwrap().unwrap();
         assert_eq!(
             (row.status, row.checkpoint.as_deref()),

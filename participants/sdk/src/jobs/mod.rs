@@ -511,12 +511,12 @@ impl JobUnits {
     }
 
     /// Gives a claimed unit up as FAILED (the next run retries it from its checkpoint).
-    /// [`ChunkOutcome::Lost`] when it was no longer this lease's.
+    /// False, with nothing written, when it was no longer this lease's.
     pub async fn fail<S: StepConnections>(
         &self,
         pool: &S,
         lease: &UnitLease,
-    ) -> Result<ChunkOutcome, ParticipantError> {
+    ) -> Result<bool, ParticipantError> {
         let now = self.clock.now_ms();
         let still_ours = run_local(pool, self.retry, "job unit fail", |tx| {
             let args = self.key_args(&lease.key);
@@ -536,10 +536,8 @@ impl JobUnits {
         .await?;
         if still_ours {
             self.count("failed");
-            Ok(ChunkOutcome::Finished)
-        } else {
-            Ok(ChunkOutcome::Lost)
         }
+        Ok(still_ours)
     }
 
     /// The row of unit `key`, if it is known.
