@@ -14,8 +14,12 @@ use idem_participant::jobs::{
     UnitClaim, UnitKey, UnitOutcome, UnitStatus, create_job_tables, describe, purge_job_units,
 };
 use idem_participant::testing::{self, TestDatabase};
-use idem_participant::{Backend, LocalTx, ManualClock, ParticipantError};
-use sqlx::{Any, AnyPool, Row};
+use idem_participant::{LocalTx, ManualClock, ParticipantError};
+use sqlx::{Any, AnyPool};
+
+#[path = "kit_support/ledger.rs"]
+mod ledger;
+use ledger::{book, booked};
 
 #[path = "kit_support/recorder.rs"]
 mod recorder;
@@ -31,41 +35,8 @@ async fn setup(db: &TestDatabase) -> AnyPool {
     create_job_tables(&pool)
         .await
         .expect("creating twice is harmless");
-    sqlx::query("CREATE TABLE ledger (unit VARCHAR(200) NOT NULL, item BIGINT NOT NULL)")
-        .execute(&pool)
-        .await
-        .expect("business table");
+    ledger::create(&pool).await;
     pool
-}
-
-/// The business change: one ledger row per item of `unit`, `from..to`.
-async fn book(
-    tx: &LocalTx<'static, Any>,
-    unit: &str,
-    from: i64,
-    to: i64,
-) -> Result<(), ParticipantError> {
-    for item in from..to {
-        sqlx::query(tx.sql("INSERT INTO ledger (unit, item) VALUES (?, ?)"))
-            .bind(unit.to_owned())
-            .bind(item)
-            .execute(&mut *tx.conn())
-            .await?;
-    }
-    Ok(())
-}
-
-/// (rows, distinct items) booked for `unit`.
-async fn booked(pool: &AnyPool, unit: &str) -> (i64, i64) {
-    let backend = Backend::from_url(pool.connect_options().database_url.as_str()).unwrap();
-    let row = sqlx::query(
-        backend.sql("SELECT COUNT(*), COUNT(DISTINCT item) FROM ledger WHERE unit = ?"),
-    )
-    .bind(unit.to_owned())
-    .fetch_one(pool)
-    .await
-    .expect("count ledger");
-    (row.get::<i64, _>(0), row.get::<i64, _>(1))
 }
 
 fn unit_name(key: &UnitKey) -> String {
@@ -205,14 +176,7 @@ async fn next_chunk(
     tx: LocalTx<'static, Any>,
     checkpoint: Option<String>,
 ) -> Result<Progress, ParticipantError> {
-    let from: i64 = checkpoint.as_deref().unwrap_or("0").parse().unwrap();
-    let to = (from + 2).min(10);
-    book(&tx, "chunked", from, to).await?;
-    Ok(if to == 10 {
-        Progress::Finished(Some("10".into()))
-    } else {
-        Progress::Continue(to.to_string())
-    })
+    ledger::two_items(tx, "chunked", checkpoint, 10).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,11 @@ use idem_participant::jobs::{
     create_job_tables,
 };
 use idem_participant::{Clock, LocalTx, ManualClock, ParticipantError, SystemClock, testing};
-use sqlx::{Any, AnyPool, Row};
+use sqlx::Any;
+
+#[path = "kit_support/ledger.rs"]
+mod ledger;
+use ledger::{book, booked};
 
 const CHILD_ENV: &str = "IDEM_JOBS_CHILD";
 const DATE: &str = "2026-11-30";
@@ -39,34 +43,11 @@ fn chunked() -> UnitKey {
     UnitKey::new(9, "big-file", "all")
 }
 
-async fn book(
-    tx: &LocalTx<'static, Any>,
-    unit: &str,
-    from: i64,
-    to: i64,
-) -> Result<(), ParticipantError> {
-    for item in from..to {
-        sqlx::query(tx.sql("INSERT INTO ledger (unit, item) VALUES (?, ?)"))
-            .bind(unit.to_owned())
-            .bind(item)
-            .execute(&mut *tx.conn())
-            .await?;
-    }
-    Ok(())
-}
-
 async fn next_chunk(
     tx: LocalTx<'static, Any>,
     checkpoint: Option<String>,
 ) -> Result<Progress, ParticipantError> {
-    let from: i64 = checkpoint.as_deref().unwrap_or("0").parse().unwrap();
-    let to = (from + 2).min(CHUNKED_ITEMS);
-    book(&tx, "big-file", from, to).await?;
-    Ok(if to == CHUNKED_ITEMS {
-        Progress::Finished(None)
-    } else {
-        Progress::Continue(to.to_string())
-    })
+    ledger::two_items(tx, "big-file", checkpoint, CHUNKED_ITEMS).await
 }
 
 /// The first run, in the child: two chunks of the big unit, then units until the crash.
@@ -108,19 +89,6 @@ fn child_job_run() {
     });
 }
 
-async fn booked(pool: &AnyPool, unit: &str) -> (i64, i64) {
-    let backend =
-        idem_participant::Backend::from_url(pool.connect_options().database_url.as_str()).unwrap();
-    let row = sqlx::query(
-        backend.sql("SELECT COUNT(*), COUNT(DISTINCT item) FROM ledger WHERE unit = ?"),
-    )
-    .bind(unit.to_owned())
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    (row.get::<i64, _>(0), row.get::<i64, _>(1))
-}
-
 #[test]
 fn a_rerun_after_a_crashed_run_does_each_unit_once_and_resumes_the_chunked_one() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -128,10 +96,7 @@ fn a_rerun_after_a_crashed_run_does_each_unit_once_and_resumes_the_chunked_one()
         let pool = rt.block_on(async {
             let pool = idem_participant::connect(&db.url, 4).await.unwrap();
             create_job_tables(&pool).await.unwrap();
-            sqlx::query("CREATE TABLE ledger (unit VARCHAR(200) NOT NULL, item BIGINT NOT NULL)")
-                .execute(&pool)
-                .await
-                .unwrap();
+            ledger::create(&pool).await;
             pool
         });
         let status = Command::new(std::env::current_exe().unwrap())
