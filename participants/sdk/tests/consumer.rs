@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use idem_participant::consumer::{
     CONSUMER_PURGED_TOTAL, CONSUMER_TOTAL, ConsumerLog, Handled, MIN_CONSUMER_LOG_RETENTION,
-    create_consumer_tables, describe, purge_consumer_log,
+    consumer_log_stats, create_consumer_tables, describe, purge_consumer_log,
 };
 use idem_participant::testing::{self, TestDatabase};
 use idem_participant::{Backend, LocalTx, ManualClock, ParticipantError};
@@ -242,11 +242,24 @@ async fn retention_deletes_only_rows_older_than_the_window() {
             6,
             "nothing deleted by a refused purge"
         );
+        let stats = consumer_log_stats(&pool).await.unwrap();
+        assert_eq!(
+            (stats.rows, stats.oldest_processed_at_ms),
+            (6, Some(1_700_000_000_000))
+        );
         let deleted = purge_consumer_log(&pool, 2 * MIN_CONSUMER_LOG_RETENTION, 2, &clock)
             .await
             .unwrap();
         assert_eq!(deleted, 5, "{}: the old rows, in batches of 2", db.backend);
         assert!(log.record(&pool, "young").await.unwrap().is_some());
+        let stats = consumer_log_stats(&pool).await.unwrap();
+        let young_at = 1_700_000_000_000 + 3 * 24 * 3600 * 1000;
+        assert_eq!(
+            (stats.rows, stats.oldest_processed_at_ms),
+            (1, Some(young_at)),
+            "{}",
+            db.backend
+        );
         // What a too-early purge costs: the purged event, replayed, is applied again.
         let replay = log
             .handle(&pool, "old-0", None, |tx| credit(tx, "old-0".into(), 1))

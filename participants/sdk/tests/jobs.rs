@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use idem_participant::jobs::{
     ChunkOutcome, JOB_UNITS_TOTAL, JobSummary, JobUnits, MIN_JOB_UNIT_RETENTION, Progress,
-    UnitClaim, UnitKey, UnitOutcome, UnitStatus, create_job_tables, describe, purge_job_units,
+    UnitClaim, UnitKey, UnitOutcome, UnitStatus, create_job_tables, describe, job_unit_stats,
+    purge_job_units,
 };
 use idem_participant::testing::{self, TestDatabase};
 use idem_participant::{LocalTx, ManualClock, ParticipantError};
@@ -380,6 +381,13 @@ async fn retention_deletes_only_old_done_units() {
             short.is_err_and(|e| e.is_refusal()),
             "a window under a day is refused"
         );
+        let stats = job_unit_stats(&pool).await.unwrap();
+        assert_eq!(
+            (stats.rows, stats.oldest_done_at_ms),
+            (7, Some(1_700_000_000_000)),
+            "{}",
+            db.backend
+        );
         let deleted = purge_job_units(&pool, 7 * MIN_JOB_UNIT_RETENTION, 2, &clock)
             .await
             .unwrap();
@@ -391,6 +399,14 @@ async fn retention_deletes_only_old_done_units() {
             .into_iter()
             .map(|u| u.key.source_id)
             .collect();
+        let stats = job_unit_stats(&pool).await.unwrap();
+        let young_at = 1_700_000_000_000 + 10 * 24 * 3600 * 1000;
+        assert_eq!(
+            (stats.rows, stats.oldest_done_at_ms),
+            (4, Some(young_at)),
+            "{}",
+            db.backend
+        );
         assert_eq!(
             left,
             ["failed", "pending", "running", "young-done"],

@@ -330,6 +330,34 @@ pub async fn purge_consumer_log<DB: BarrierDatabase>(
     Ok(deleted)
 }
 
+/// How big the consumer log is and how old its oldest row: with the retention window, the
+/// cleanup lag (seed §28: table growth and cleanup delay). Counts the whole table; call it
+/// from a periodic task, not per event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConsumerLogStats {
+    /// Rows in the log.
+    pub rows: u64,
+    /// `processed_at_ms` of the oldest row, if any.
+    pub oldest_processed_at_ms: Option<i64>,
+}
+
+/// Reads [`ConsumerLogStats`].
+pub async fn consumer_log_stats<DB: BarrierDatabase>(
+    pool: &Pool<DB>,
+) -> Result<ConsumerLogStats, ParticipantError> {
+    let mut conn = pool.acquire().await?;
+    let sql = "SELECT COUNT(*), MIN(processed_at_ms) FROM idem_consumer_log".to_owned();
+    let rows = DB::fetch_cells(&mut conn, sql, Vec::new(), &[CellKind::Int, CellKind::Int]).await?;
+    let row = rows.first();
+    Ok(ConsumerLogStats {
+        rows: row
+            .and_then(|r| r[0].int())
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or_default(),
+        oldest_processed_at_ms: row.and_then(|r| r[1].int()),
+    })
+}
+
 /// Refuses an empty key part or one longer than `max` characters, before any write: a key
 /// the table cannot hold is the caller's mistake, not a database error.
 pub(crate) fn check_key(what: &str, value: &str, max: usize) -> Result<(), ParticipantError> {

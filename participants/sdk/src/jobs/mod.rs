@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::backend::{Arg, BarrierDatabase};
+use crate::backend::{Arg, BarrierDatabase, CellKind};
 use crate::barrier::{RetryPolicy, StepConnections};
 use crate::consumer::{check_key, refuse_short_window};
 use crate::error::ParticipantError;
@@ -627,6 +627,36 @@ pub async fn purge_job_units<DB: BarrierDatabase>(
     .await?;
     metrics::counter!(JOB_UNITS_PURGED_TOTAL).increment(deleted);
     Ok(deleted)
+}
+
+/// How big the job-unit table is and how old its oldest DONE unit (what retention would
+/// delete): with the retention window, the cleanup lag (seed §28). Counts the whole table;
+/// call it from a periodic task.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobUnitStats {
+    /// Units of every job and date.
+    pub rows: u64,
+    /// `updated_at_ms` of the oldest DONE unit, if any.
+    pub oldest_done_at_ms: Option<i64>,
+}
+
+/// Reads [`JobUnitStats`].
+pub async fn job_unit_stats<DB: BarrierDatabase>(
+    pool: &Pool<DB>,
+) -> Result<JobUnitStats, ParticipantError> {
+    let mut conn = pool.acquire().await?;
+    let sql =
+        "SELECT COUNT(*), MIN(CASE WHEN status = 'DONE' THEN updated_at_ms END) FROM idem_job_unit";
+    let kinds = &[CellKind::Int, CellKind::Int];
+    let rows = DB::fetch_cells(&mut conn, sql.to_owned(), Vec::new(), kinds).await?;
+    let row = rows.first();
+    Ok(JobUnitStats {
+        rows: row
+            .and_then(|r| r[0].int())
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or_default(),
+        oldest_done_at_ms: row.and_then(|r| r[1].int()),
+    })
 }
 
 /// Whether the unit read after a claim belongs to someone else, and how to answer then.
