@@ -18,8 +18,9 @@
 //!   each chunk is one local transaction that first renews the lease under the owner token
 //!   (so an owner that was taken over writes nothing: [`ChunkOutcome::Lost`]), then makes its
 //!   business change and stores the checkpoint it reached, together. A runner that dies
-//!   leaves the unit RUNNING; once its lease ran out (by the tool's [`Clock`]) another
-//!   runner claims it and resumes from the last committed checkpoint.
+//!   leaves the unit RUNNING; once its lease ran out (by the tool's
+//!   [`Clock`](crate::Clock)) another runner claims it and resumes from the last committed
+//!   checkpoint.
 //!
 //! Use one way per unit: [`JobUnits::run_unit`] on a unit whose chunked holder's lease ran
 //! out takes it over and runs it whole, without its checkpoint.
@@ -38,17 +39,23 @@
 //! business dates that may still be rerun (seed §24); a purged unit would be run again.
 
 mod rows;
+mod table;
+mod types;
+
+pub use table::{JobUnitStats, create_job_tables, job_unit_stats, purge_job_units};
+pub use types::{
+    ChunkOutcome, JobSummary, Progress, UnitClaim, UnitKey, UnitLease, UnitOutcome, UnitRecord,
+    UnitStatus,
+};
 
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::Pool;
-
-use crate::backend::{Arg, BarrierDatabase, CellKind};
+use crate::backend::Arg;
 use crate::barrier::{RetryPolicy, StepConnections};
-use crate::consumer::{check_key, refuse_short_window};
+use crate::consumer::check_key;
 use crate::error::ParticipantError;
-use crate::kit::{Clock, LocalTx, SharedClock, new_owner_token, run_local, system_clock};
+use crate::kit::{LocalTx, SharedClock, new_owner_token, run_local, system_clock};
 
 /// The job units' table.
 pub const JOB_UNIT_TABLE: &str = "idem_job_unit";
@@ -78,177 +85,6 @@ pub fn describe() {
         "Job units by job and outcome: done, skipped (finished by an earlier run), busy (another runner holds it), failed, lost (a chunk whose lease was taken over)."
     );
     metrics::describe_counter!(JOB_UNITS_PURGED_TOTAL, "Job units deleted by retention.");
-}
-
-/// Which unit of a job's business date.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct UnitKey {
-    /// The shard (partition, bucket) the unit belongs to; 0 when the job has none.
-    pub shard: i64,
-    /// The source the unit reads (an account, a merchant, a file), 1 to 128 characters.
-    pub source_id: String,
-    /// The batch within the source (a page, a file part), 1 to 64 characters.
-    pub batch: String,
-}
-
-impl UnitKey {
-    /// The unit of `source_id`'s `batch` in `shard`.
-    pub fn new(shard: i64, source_id: impl Into<String>, batch: impl Into<String>) -> UnitKey {
-        UnitKey {
-            shard,
-            source_id: source_id.into(),
-            batch: batch.into(),
-        }
-    }
-
-    fn check(&self) -> Result<(), ParticipantError> {
-        if self.shard < 0 {
-            return Err(ParticipantError::refused(
-                "invalid shard: must be 0 or more",
-            ));
-        }
-        check_key("source id", &self.source_id, MAX_SOURCE_ID_LEN)?;
-        check_key("batch", &self.batch, MAX_BATCH_LEN)
-    }
-}
-
-/// A unit's status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnitStatus {
-    /// Planned, not yet run.
-    Pending,
-    /// Held by a runner working it in chunks, under a lease.
-    Running,
-    /// Finished; every later run skips it.
-    Done,
-    /// The last attempt failed; the next run tries again.
-    Failed,
-}
-
-impl UnitStatus {
-    /// The status as stored.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UnitStatus::Pending => "PENDING",
-            UnitStatus::Running => "RUNNING",
-            UnitStatus::Done => "DONE",
-            UnitStatus::Failed => "FAILED",
-        }
-    }
-
-    fn parse(text: &str) -> Option<UnitStatus> {
-        Some(match text {
-            "PENDING" => UnitStatus::Pending,
-            "RUNNING" => UnitStatus::Running,
-            "DONE" => UnitStatus::Done,
-            "FAILED" => UnitStatus::Failed,
-            _ => return None,
-        })
-    }
-}
-
-/// One row of `idem_job_unit`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnitRecord {
-    /// Which unit.
-    pub key: UnitKey,
-    /// Its status.
-    pub status: UnitStatus,
-    /// The run that last claimed it (once DONE: the run that finished it).
-    pub execution_id: Option<String>,
-    /// The token of the runner holding (or last holding) it.
-    pub owner_token: Option<String>,
-    /// Until when the holder of a RUNNING unit may keep it, Unix milliseconds.
-    pub lease_until_ms: Option<i64>,
-    /// Where its next chunk starts (or what its finished run left).
-    pub checkpoint: Option<String>,
-    /// Attempts so far.
-    pub attempts: i64,
-    /// Last change, Unix milliseconds.
-    pub updated_at_ms: i64,
-}
-
-/// What [`JobUnits::run_unit`] did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum UnitOutcome {
-    /// This call ran the unit; its business change committed with DONE.
-    Done,
-    /// An earlier (or concurrent) run finished it; nothing ran.
-    AlreadyDone {
-        /// The execution that finished it.
-        by_execution: String,
-    },
-    /// A chunked runner holds it under a live lease; nothing ran.
-    Busy {
-        /// When that lease runs out, Unix milliseconds.
-        lease_until_ms: i64,
-    },
-}
-
-/// What [`JobUnits::claim`] got.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum UnitClaim {
-    /// The unit is this runner's until its lease runs out; work it with [`JobUnits::chunk`].
-    Acquired(UnitLease),
-    /// An earlier run finished it.
-    AlreadyDone {
-        /// The execution that finished it.
-        by_execution: String,
-    },
-    /// Another runner holds it under a live lease.
-    Busy {
-        /// When that lease runs out, Unix milliseconds.
-        lease_until_ms: i64,
-    },
-}
-
-/// A claimed unit: the owner token that fences its chunks and the checkpoint to resume from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnitLease {
-    /// Which unit.
-    pub key: UnitKey,
-    /// The token every chunk names; a takeover replaces it.
-    pub owner_token: String,
-    /// The run holding it.
-    pub execution_id: String,
-    /// The last committed checkpoint (a previous owner's, after a takeover).
-    pub checkpoint: Option<String>,
-    /// Which attempt this is (1 for the first claim).
-    pub attempt: i64,
-}
-
-/// What a chunk's work reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Progress {
-    /// More to do; the next chunk starts from this checkpoint.
-    Continue(String),
-    /// The unit is finished (with an optional last checkpoint, e.g. a count).
-    Finished(Option<String>),
-}
-
-/// What [`JobUnits::chunk`] did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ChunkOutcome {
-    /// The chunk committed with its checkpoint; the unit is still this runner's.
-    Continued,
-    /// The last chunk committed with DONE.
-    Finished,
-    /// The unit was taken over (the lease ran out) or finished by someone else: nothing
-    /// was written and the work did not run. Stop working this unit.
-    Lost,
-}
-
-/// Units by status, for one job's business date.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct JobSummary {
-    /// PENDING units.
-    pub pending: u64,
-    /// RUNNING units.
-    pub running: u64,
-    /// DONE units.
-    pub done: u64,
-    /// FAILED units.
-    pub failed: u64,
 }
 
 /// The units of one job's business date.
@@ -593,72 +429,6 @@ impl JobUnits {
     }
 }
 
-/// Creates `idem_job_unit` (if absent) on `pool`'s backend.
-pub async fn create_job_tables<DB: BarrierDatabase>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
-    crate::consumer::run_script(
-        pool,
-        include_str!("../../sql/jobs.sqlite.sql"),
-        include_str!("../../sql/jobs.postgres.sql"),
-        include_str!("../../sql/jobs.mysql.sql"),
-    )
-    .await
-}
-
-/// Deletes DONE units last changed more than `older_than` ago (by `clock`), `batch` rows
-/// per statement; returns how many went. PENDING, RUNNING (whatever its lease) and FAILED
-/// units are kept: they are work not yet done. A window shorter than
-/// [`MIN_JOB_UNIT_RETENTION`] is refused; give the range of business dates that may be
-/// rerun (seed §24).
-pub async fn purge_job_units<DB: BarrierDatabase>(
-    pool: &Pool<DB>,
-    older_than: Duration,
-    batch: u32,
-    clock: &dyn Clock,
-) -> Result<u64, ParticipantError> {
-    refuse_short_window("job unit", older_than, MIN_JOB_UNIT_RETENTION)?;
-    let cutoff = clock.now_ms().saturating_sub(lease_ms(older_than));
-    let deleted = crate::kit::delete_all_in_batches(
-        pool,
-        JOB_UNIT_TABLE,
-        "status = 'DONE' AND updated_at_ms < ?",
-        vec![Arg::Int(cutoff)],
-        batch,
-    )
-    .await?;
-    metrics::counter!(JOB_UNITS_PURGED_TOTAL).increment(deleted);
-    Ok(deleted)
-}
-
-/// How big the job-unit table is and how old its oldest DONE unit (what retention would
-/// delete): with the retention window, the cleanup lag (seed §28). Counts the whole table;
-/// call it from a periodic task.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct JobUnitStats {
-    /// Units of every job and date.
-    pub rows: u64,
-    /// `updated_at_ms` of the oldest DONE unit, if any.
-    pub oldest_done_at_ms: Option<i64>,
-}
-
-/// Reads [`JobUnitStats`].
-pub async fn job_unit_stats<DB: BarrierDatabase>(
-    pool: &Pool<DB>,
-) -> Result<JobUnitStats, ParticipantError> {
-    let mut conn = pool.acquire().await?;
-    let sql =
-        "SELECT COUNT(*), MIN(CASE WHEN status = 'DONE' THEN updated_at_ms END) FROM idem_job_unit";
-    let kinds = &[CellKind::Int, CellKind::Int];
-    let rows = DB::fetch_cells(&mut conn, sql.to_owned(), Vec::new(), kinds).await?;
-    let row = rows.first();
-    Ok(JobUnitStats {
-        rows: row
-            .and_then(|r| r[0].int())
-            .and_then(|n| u64::try_from(n).ok())
-            .unwrap_or_default(),
-        oldest_done_at_ms: row.and_then(|r| r[1].int()),
-    })
-}
-
 /// Whether the unit read after a claim belongs to someone else, and how to answer then.
 fn not_ours(row: &UnitRecord, token: &str) -> Option<UnitOutcome> {
     match row.status {
@@ -679,7 +449,7 @@ fn missing(key: &UnitKey) -> ParticipantError {
     ))
 }
 
-fn lease_ms(d: Duration) -> i64 {
+pub(super) fn lease_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
