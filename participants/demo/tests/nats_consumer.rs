@@ -344,3 +344,98 @@ fn a_consumer_killed_between_commit_and_ack_applies_each_event_once() {
         rt.block_on(db.drop_database());
     }
 }
+
+/// In process, on SQLite: a handler failure is nacked and redelivered (nothing was kept of
+/// the failed attempt), an event the handler refuses and a message that is no event are
+/// terminated, not redelivered.
+#[test]
+fn failures_are_redelivered_and_malformed_events_terminated() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let db = testing::TestDatabase::create(testing::Backend::Sqlite, "nats_failures")
+            .await
+            .unwrap();
+        let pool = idem_demo::connect(&db.url).await.unwrap();
+        events::create_tables(&pool).await.unwrap();
+        let run = uuid::Uuid::new_v4().simple().to_string();
+        let config = config(&run);
+        let js = async_nats::jetstream::new(nats().await);
+        let consumer = events::open_consumer(&js, &config).await.unwrap();
+        for body in [
+            "not json".to_owned(),
+            serde_json::json!({"event_id": "evt-a", "order_id": "o-a", "amount_minor": 1})
+                .to_string(),
+            serde_json::json!({"event_id": "evt-b", "order_id": "o-b"}).to_string(),
+            serde_json::json!({"event_id": "evt-c", "order_id": "o-c", "amount_minor": 3})
+                .to_string(),
+        ] {
+            js.publish(config.subject.clone(), body.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        let (tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+        let hooks = Hooks {
+            after_commit: None,
+            on_done: Some(Arc::new(move |event: &Event, outcome| {
+                let _ = tx.send((event.event_id.clone(), outcome, event.delivered));
+            })),
+        };
+        // evt-a's first attempt writes its row and then fails: the row must not stay.
+        let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let handler = move |tx: idem_participant::LocalTx<'static, sqlx::Any>, event: Event| {
+            let failed_once = failed_once.clone();
+            async move {
+                let first_try = event.event_id == "evt-a"
+                    && !failed_once.swap(true, std::sync::atomic::Ordering::SeqCst);
+                events::record_payment(tx, event).await?;
+                if first_try {
+                    return Err(idem_participant::ParticipantError::transient("flaky"));
+                }
+                Ok(())
+            }
+        };
+        let task = tokio::spawn(events::run(consumer, pool.clone(), log(), handler, hooks));
+        let mut seen = Vec::new();
+        while seen.len() < 4 {
+            let next = tokio::time::timeout(CONVERGE_WITHIN, done.recv()).await;
+            seen.push(next.expect("a delivery report").expect("the consumer runs"));
+        }
+        task.abort();
+        let outcome = |id: &str, delivered: i64| {
+            seen.iter()
+                .find(|(e, _, d)| e == id && *d == delivered)
+                .map(|(_, o, _)| *o)
+        };
+        assert_eq!(outcome("evt-a", 1), Some(Outcome::Retry), "{seen:?}");
+        assert_eq!(outcome("evt-a", 2), Some(Outcome::Processed), "{seen:?}");
+        assert_eq!(outcome("evt-b", 1), Some(Outcome::Rejected), "{seen:?}");
+        assert_eq!(outcome("evt-c", 1), Some(Outcome::Processed), "{seen:?}");
+        let rows: Vec<String> =
+            sqlx::query("SELECT event_id FROM demo_payment_received ORDER BY event_id")
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+        assert_eq!(rows, ["evt-a", "evt-c"]);
+        let info = js
+            .get_stream(&config.stream)
+            .await
+            .unwrap()
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(GROUP)
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .clone();
+        // The malformed message and evt-b were terminated: nothing pending, nothing unacked.
+        assert_eq!((info.num_pending, info.num_ack_pending), (0, 0), "{info:?}");
+        js.delete_stream(&config.stream).await.unwrap();
+        pool.close().await;
+        db.drop_database().await;
+    });
+}
