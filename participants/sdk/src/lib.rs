@@ -48,6 +48,7 @@
 
 pub mod backend;
 pub mod barrier;
+pub mod callback;
 pub mod error;
 #[cfg(feature = "axum")]
 pub mod http;
@@ -69,6 +70,7 @@ pub use barrier::{
     Barrier, DEFAULT_TABLE, InvalidCall, MSG_BRANCH_ID, Op, OpenedStep, Outcome, RetryPolicy,
     StepConnections, StepTx, TransType,
 };
+pub use callback::{CallbackOutcome, OrderTable, PaymentCallbacks, PaymentNotice};
 pub use error::ParticipantError;
 #[cfg(feature = "axum")]
 pub use http::{BranchCall, Payload};
