@@ -41,9 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
-use serde::{Deserialize, Serialize};
 use sha2::Sha256;
-use sqlx::Pool;
 
 use crate::backend::{Arg, BarrierDatabase, Cell, CellKind};
 use crate::barrier::{RetryPolicy, StepConnections, check_table_name};
@@ -51,6 +49,15 @@ use crate::error::{DbErrorKind, ParticipantError, classify};
 use crate::kit::local::{LocalTx, exec, fetch, run_local};
 use crate::kit::{SharedClock, system_clock};
 use idem_sql::Backend;
+
+#[cfg(feature = "axum")]
+mod http;
+mod table;
+mod types;
+
+pub use table::{create_callback_tables, create_callback_tables_named, purge_payment_callbacks};
+pub use types::{CallbackOutcome, OrderTable, PaymentNotice};
+use types::{check_field, check_notice};
 
 /// The callback table's default name.
 pub const DEFAULT_CALLBACK_TABLE: &str = "idem_payment_callback";
@@ -83,125 +90,6 @@ pub fn describe() {
         "Payment callbacks by provider and outcome: credited, duplicate, conflict, bad_signature, \
          mismatch, unknown_order, invalid, error."
     );
-}
-
-/// What a provider's callback says, once its body is parsed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PaymentNotice {
-    /// The provider's transaction id: the idempotency key, with the provider and merchant.
-    pub provider_txn_id: String,
-    /// The service's order id.
-    pub order_ref: String,
-    /// The amount paid, in minor units (cents).
-    pub amount_minor: i64,
-    /// ISO 4217 code.
-    pub currency: String,
-    /// The merchant the payment was made to.
-    pub merchant: String,
-}
-
-/// What became of a callback. Credited and Duplicate are successes to answer the provider
-/// with; the others are not.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CallbackOutcome {
-    /// The order went from WAIT_PAY to PAID in this call.
-    Credited,
-    /// Already PAID by this transaction id: a redelivery. Nothing changed.
-    Duplicate,
-    /// The payment does not fit the order's state (PAID by another transaction, closed, the
-    /// id reused): nothing credited, recorded and logged for a human.
-    Conflict(String),
-    /// The signature did not verify (401-class). Nothing was read.
-    BadSignature,
-    /// Amount, currency or merchant differ from the order's (named here; 400-class).
-    Mismatch(&'static str),
-    /// No such order (404-class).
-    UnknownOrder,
-    /// The body does not parse or a field is empty or too long (400-class).
-    Invalid(String),
-}
-
-impl CallbackOutcome {
-    /// A stable name (the metric's `outcome`).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            CallbackOutcome::Credited => "credited",
-            CallbackOutcome::Duplicate => "duplicate",
-            CallbackOutcome::Conflict(_) => "conflict",
-            CallbackOutcome::BadSignature => "bad_signature",
-            CallbackOutcome::Mismatch(_) => "mismatch",
-            CallbackOutcome::UnknownOrder => "unknown_order",
-            CallbackOutcome::Invalid(_) => "invalid",
-        }
-    }
-
-    /// True for Credited and Duplicate: answer the provider's "received".
-    pub fn is_success(&self) -> bool {
-        matches!(self, CallbackOutcome::Credited | CallbackOutcome::Duplicate)
-    }
-
-    /// The HTTP status [`PaymentCallbacks::respond`] answers with. A conflict is 409, so
-    /// the provider keeps it visible on its side too.
-    pub fn status_code(&self) -> u16 {
-        match self {
-            CallbackOutcome::Credited | CallbackOutcome::Duplicate => 200,
-            CallbackOutcome::Conflict(_) => 409,
-            CallbackOutcome::BadSignature => 401,
-            CallbackOutcome::Mismatch(_) | CallbackOutcome::Invalid(_) => 400,
-            CallbackOutcome::UnknownOrder => 404,
-        }
-    }
-}
-
-/// The service's order table and the names the conditional update uses.
-#[derive(Clone, Debug)]
-pub struct OrderTable {
-    table: String,
-    id: String,
-    status: String,
-    paid_txn: String,
-    amount: String,
-    currency: String,
-    merchant: String,
-    wait_status: String,
-    paid_status: String,
-}
-
-impl OrderTable {
-    /// `table` with columns `id` (text), `status`, `paid_txn`, `amount_minor`, `currency`,
-    /// `merchant`, and statuses `WAIT_PAY` → `PAID`.
-    pub fn new(table: &str) -> Result<OrderTable, String> {
-        check_table_name(table)?;
-        Ok(OrderTable {
-            table: table.into(),
-            id: "id".into(),
-            status: "status".into(),
-            paid_txn: "paid_txn".into(),
-            amount: "amount_minor".into(),
-            currency: "currency".into(),
-            merchant: "merchant".into(),
-            wait_status: "WAIT_PAY".into(),
-            paid_status: "PAID".into(),
-        })
-    }
-
-    /// Other column names, in the order id, status, paid_txn, amount, currency, merchant.
-    pub fn columns(mut self, names: [&str; 6]) -> Result<OrderTable, String> {
-        for name in names {
-            check_table_name(name)?;
-        }
-        let [id, status, paid_txn, amount, currency, merchant] = names.map(str::to_owned);
-        (self.id, self.status, self.paid_txn) = (id, status, paid_txn);
-        (self.amount, self.currency, self.merchant) = (amount, currency, merchant);
-        Ok(self)
-    }
-
-    /// Other status values for "waiting for payment" and "paid".
-    pub fn statuses(mut self, wait: &str, paid: &str) -> OrderTable {
-        self.wait_status = wait.into();
-        self.paid_status = paid.into();
-        self
-    }
 }
 
 /// The order as the callback reads it.
@@ -248,30 +136,6 @@ impl<DB: BarrierDatabase> std::fmt::Debug for PaymentCallbacks<DB> {
 }
 
 type HmacSha256 = Hmac<Sha256>;
-
-fn check_field(name: &'static str, value: &str, max: usize) -> Result<(), String> {
-    if value.is_empty() {
-        return Err(format!("`{name}` is empty"));
-    }
-    if value.chars().count() > max {
-        return Err(format!("`{name}` is longer than {max} characters"));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(format!("`{name}` contains control characters"));
-    }
-    Ok(())
-}
-
-fn check_notice(n: &PaymentNotice) -> Result<(), String> {
-    check_field("provider_txn_id", &n.provider_txn_id, MAX_TXN_ID_LEN)?;
-    check_field("order_ref", &n.order_ref, MAX_ORDER_REF_LEN)?;
-    check_field("currency", &n.currency, MAX_CURRENCY_LEN)?;
-    check_field("merchant", &n.merchant, MAX_MERCHANT_LEN)?;
-    if n.amount_minor <= 0 {
-        return Err("`amount_minor` must be positive".into());
-    }
-    Ok(())
-}
 
 impl<DB: BarrierDatabase> PaymentCallbacks<DB> {
     /// Callbacks of `provider` (a configured name: it is a metric label), signed with
@@ -642,120 +506,6 @@ fn mismatch(order: &OrderView, n: &PaymentNotice) -> Option<&'static str> {
         Some("merchant")
     } else {
         None
-    }
-}
-
-const SQLITE_DDL: &str = include_str!("../sql/callback.sqlite.sql");
-const POSTGRES_DDL: &str = include_str!("../sql/callback.postgres.sql");
-const MYSQL_DDL: &str = include_str!("../sql/callback.mysql.sql");
-
-/// Creates `idem_payment_callback` (and its index) if it does not exist.
-pub async fn create_callback_tables<DB: BarrierDatabase>(
-    pool: &Pool<DB>,
-) -> Result<(), sqlx::Error> {
-    create_callback_tables_named(pool, DEFAULT_CALLBACK_TABLE).await
-}
-
-/// [`create_callback_tables`] under another table name.
-pub async fn create_callback_tables_named<DB: BarrierDatabase>(
-    pool: &Pool<DB>,
-    table: &str,
-) -> Result<(), sqlx::Error> {
-    check_table_name(table).map_err(|e| sqlx::Error::Configuration(e.into()))?;
-    let dialect = DB::pool_dialect(pool);
-    let text = match dialect {
-        Backend::Sqlite => SQLITE_DDL,
-        Backend::Postgres => POSTGRES_DDL,
-        Backend::Mysql => MYSQL_DDL,
-    };
-    let mut conn = pool.acquire().await?;
-    for statement in crate::schema::split_sql_script(text) {
-        DB::exec(
-            &mut conn,
-            statement.replace(DEFAULT_CALLBACK_TABLE, table),
-            Vec::new(),
-        )
-        .await?;
-    }
-    Ok(())
-}
-
-/// Deletes CREDITED callback rows received more than `older_than` ago, `batch` rows per
-/// statement; CONFLICT rows stay until a human deals with them. Refuses a window shorter
-/// than [`MIN_CALLBACK_RETENTION`] (the seed's §24: the window is the provider's
-/// notification period).
-pub async fn purge_payment_callbacks<DB: BarrierDatabase>(
-    pool: &Pool<DB>,
-    older_than: Duration,
-    batch: u32,
-    clock: &SharedClock,
-) -> Result<u64, ParticipantError> {
-    if older_than < MIN_CALLBACK_RETENTION {
-        return Err(ParticipantError::refused(format!(
-            "a callback retention of {older_than:?} is shorter than the minimum {MIN_CALLBACK_RETENTION:?}"
-        )));
-    }
-    let window = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-    let cutoff = clock.now_ms().saturating_sub(window);
-    let deleted = crate::kit::delete_all_in_batches(
-        pool,
-        DEFAULT_CALLBACK_TABLE,
-        "outcome = 'CREDITED' AND received_at_ms < ?",
-        vec![Arg::Int(cutoff)],
-        batch,
-    )
-    .await?;
-    Ok(deleted)
-}
-
-#[cfg(feature = "axum")]
-mod http_glue {
-    use axum::http::{HeaderMap, StatusCode};
-    use axum::response::{IntoResponse, Response};
-
-    use super::*;
-
-    impl<DB: BarrierDatabase> PaymentCallbacks<DB> {
-        /// An axum answer for a callback: reads the signature from [`SIGNATURE_HEADER`],
-        /// runs [`PaymentCallbacks::handle`], and answers `{"code": ..., "outcome": ...}`
-        /// with [`CallbackOutcome::status_code`] (200 `SUCCESS` for credited and duplicate),
-        /// or the error's own status (503 for the database: the provider retries).
-        pub async fn respond<S>(&self, pool: &S, headers: &HeaderMap, body: &[u8]) -> Response
-        where
-            S: StepConnections<Database = DB>,
-        {
-            let signature = headers
-                .get(SIGNATURE_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            let (status, code, message) = match self.handle(pool, body, signature).await {
-                Ok(outcome) => {
-                    let code = match &outcome {
-                        o if o.is_success() => "SUCCESS",
-                        CallbackOutcome::Conflict(_) => "payment_conflict",
-                        CallbackOutcome::BadSignature => "invalid_signature",
-                        CallbackOutcome::Mismatch(_) => "payment_mismatch",
-                        CallbackOutcome::UnknownOrder => "unknown_order",
-                        _ => "invalid_callback",
-                    };
-                    let message = match &outcome {
-                        CallbackOutcome::Mismatch(field) => {
-                            format!("{field} differs from the order's")
-                        }
-                        CallbackOutcome::Conflict(why) | CallbackOutcome::Invalid(why) => {
-                            why.clone()
-                        }
-                        other => other.kind().to_owned(),
-                    };
-                    (outcome.status_code(), code, (outcome.kind(), message))
-                }
-                Err(e) => (e.status_code(), e.kind(), ("error", e.to_string())),
-            };
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let body =
-                serde_json::json!({"code": code, "outcome": message.0, "message": message.1});
-            (status, axum::Json(body)).into_response()
-        }
     }
 }
 
