@@ -66,6 +66,11 @@
 //! may still deliver any call of the transaction) keeps this window closed too. A purge
 //! that deletes the Try row just after the Confirm read it changes nothing: the Try did run.
 //!
+//! A step with an external side effect (a Try that calls a payment provider) cannot keep
+//! its effect inside the transaction: [`Barrier::with_lease`] runs it in lease mode
+//! ([`lease`]), which commits a `processing` claim before the call. A compensation whose
+//! forward row is such a claim answers [`ParticipantError::InProgress`] and writes nothing.
+//!
 //! # Insert-if-absent per database
 //!
 //! * PostgreSQL: `INSERT ... ON CONFLICT (key) DO NOTHING`. Catching a unique violation
