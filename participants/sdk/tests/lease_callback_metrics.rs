@@ -31,8 +31,11 @@ fn snapshotter() -> &'static Snapshotter {
     })
 }
 
-/// (name, labels, counter value, help) of everything recorded since the last snapshot.
-fn snapshot() -> Vec<(String, Vec<(String, String)>, u64, Option<String>)> {
+/// (name, labels, counter value, help).
+type Sample = (String, Vec<(String, String)>, u64, Option<String>);
+
+/// Everything recorded since the last snapshot.
+fn snapshot() -> Vec<Sample> {
     snapshotter()
         .snapshot()
         .into_vec()
@@ -57,11 +60,7 @@ fn snapshot() -> Vec<(String, Vec<(String, String)>, u64, Option<String>)> {
         .collect()
 }
 
-fn count(
-    seen: &[(String, Vec<(String, String)>, u64, Option<String>)],
-    name: &str,
-    labels: &[(&str, &str)],
-) -> u64 {
+fn count(seen: &[Sample], name: &str, labels: &[(&str, &str)]) -> u64 {
     seen.iter()
         .filter(|(n, l, _, _)| {
             n == name
