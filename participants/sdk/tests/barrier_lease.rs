@@ -575,3 +575,111 @@ async fn an_old_barrier_table_is_upgraded_and_the_purge_keeps_open_claims() {
         done(db, pool).await;
     }
 }
+
+/// The child role of the crash test: claims the step in a real process of its own, says
+/// so on stdout, and blocks in its "external call" until the parent kills it with SIGKILL.
+/// Does nothing unless the parent set `IDEM_LEASE_CHILD_URL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_child_role() {
+    let Ok(url) = std::env::var("IDEM_LEASE_CHILD_URL") else {
+        return;
+    };
+    let g = std::env::var("IDEM_LEASE_CHILD_GID").expect("gid");
+    let pool = idem_participant::connect(&url, 2)
+        .await
+        .expect("child connects");
+    let step = leased(&g, Op::Try, &ManualClock::at(1_000));
+    let facts = Facts::new(Fact::Unknown);
+    let result = step
+        .run(&pool, &*facts, |ticket| async move {
+            use std::io::Write;
+            println!("CLAIMED {}", ticket.owner_token);
+            std::io::stdout().flush().unwrap();
+            std::future::pending::<()>().await;
+            Ok(charged("child"))
+        })
+        .await;
+    panic!("the parent kills this process during the external call; got {result:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_survives_a_kill_9_and_the_restarted_service_asks_the_fact_source() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    for db in testing::all("lease_kill9").await {
+        let pool = setup(&db).await;
+        let g = gid("lk");
+        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "crash_child_role",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("IDEM_LEASE_CHILD_URL", &db.url)
+            .env("IDEM_LEASE_CHILD_GID", &g)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the child");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        // A bound on a child that never claims, so that the test fails instead of hanging.
+        let claimed = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let line = lines
+                    .next_line()
+                    .await
+                    .unwrap()
+                    .expect("the child claims before it exits");
+                // libtest prints "test crash_child_role ... " without a line end first.
+                if let Some((_, token)) = line.split_once("CLAIMED ") {
+                    break token.trim().to_owned();
+                }
+            }
+        });
+        let token = claimed.await.expect("the child claimed within 60 s");
+        child.kill().await.expect("SIGKILL");
+        let status = child.wait().await.unwrap();
+        assert!(!status.success(), "{}: killed", db.backend);
+        // The claim was committed before the external call: it outlived its process.
+        assert_eq!(try_row(&pool, &g).await.1, "processing", "{}", db.backend);
+
+        // The restarted service: before the lease ends, 425; after it, the fact source.
+        let clock = ManualClock::at(1_000 + 29_999);
+        let step = leased(&g, Op::Try, &clock);
+        let facts = Facts::new(Fact::Happened(charged("provider")));
+        let early = step
+            .run(&pool, &*facts, |_t| async { panic!("live claim") })
+            .await;
+        assert_eq!(early.unwrap_err().status_code(), 425, "{}", db.backend);
+        clock.advance(1);
+        let after = step
+            .run(&pool, &*facts, |_t| async {
+                panic!("the effect happened: no second call")
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            after,
+            Outcome::Duplicate(charged("provider")),
+            "{}",
+            db.backend
+        );
+        assert_eq!(facts.asked(), 1);
+        // The dead owner's token can no longer write.
+        let ghost = LeaseTicket {
+            step: facts.last.lock().unwrap().clone().unwrap(),
+            owner_token: token,
+            lease_until_ms: 31_000,
+            taken_over: false,
+        };
+        assert!(matches!(
+            step.complete(&pool, &ghost, &charged("ghost"))
+                .await
+                .unwrap(),
+            Completion::Stale {
+                current: Some(Outcome::Duplicate(_))
+            }
+        ));
+        done(db, pool).await;
+    }
+}
