@@ -66,6 +66,11 @@
 //! may still deliver any call of the transaction) keeps this window closed too. A purge
 //! that deletes the Try row just after the Confirm read it changes nothing: the Try did run.
 //!
+//! A step with an external side effect (a Try that calls a payment provider) cannot keep
+//! its effect inside the transaction: [`Barrier::with_lease`] runs it in lease mode
+//! ([`lease`]), which commits a `processing` claim before the call. A compensation whose
+//! forward row is such a claim answers [`ParticipantError::InProgress`] and writes nothing.
+//!
 //! # Insert-if-absent per database
 //!
 //! * PostgreSQL: `INSERT ... ON CONFLICT (key) DO NOTHING`. Catching a unique violation
@@ -82,6 +87,7 @@
 //! they do not reach the caller. This is also why the closure must keep every effect inside
 //! the transaction it is given: it may run more than once, and only the last attempt counts.
 
+pub mod lease;
 mod rows;
 pub(crate) mod step;
 mod types;
@@ -99,6 +105,10 @@ use crate::backend::BarrierDatabase;
 use crate::error::ParticipantError;
 use crate::metrics;
 use idem_sql::Backend;
+pub use lease::{
+    Claimed, Completion, Fact, FactSource, LeaseTicket, LeasedStep, StepRef,
+    upgrade_barrier_table_for_lease,
+};
 use rows::{
     Existing, Prerequisite, Read, fetch_row, insert_if_absent, interpret_existing,
     interpret_prerequisite, outcome_col, set_outcome,
@@ -417,6 +427,13 @@ impl Barrier {
                         "empty rollback: the step it undoes never ran");
                     return Ok(Outcome::EmptyRollback);
                 }
+                // A lease-mode forward step still holds its claim: undoing now would race
+                // its external call. Refused, all rolled back; see `lease.rs`.
+                let origin_row =
+                    fetch_row::<DB>(conn, dialect, this, origin, Read::Collided).await?;
+                if origin_row.is_some_and(|(_, outcome, _)| outcome == outcome_col::PROCESSING) {
+                    return Err(lease::origin_in_progress(this, origin));
+                }
             }
             // Hand the connection to the closure: release the lock, give it a handle.
             drop(guard);
@@ -450,6 +467,10 @@ impl Barrier {
                 Ok(Outcome::Rejected)
             }
             Existing::EmptyRollback => Ok(Outcome::EmptyRollback),
+            Existing::Processing => Err(ParticipantError::in_progress(format!(
+                "{} of {}/{} is claimed by a lease-mode call still in progress",
+                this.op, this.gid, this.branch_id
+            ))),
             Existing::Duplicate(json) => {
                 let value = serde_json::from_str(&json).map_err(|e| {
                     ParticipantError::internal(format!(

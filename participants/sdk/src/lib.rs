@@ -48,6 +48,7 @@
 
 pub mod backend;
 pub mod barrier;
+pub mod callback;
 pub mod consumer;
 pub mod error;
 #[cfg(feature = "axum")]
@@ -71,6 +72,7 @@ pub use barrier::{
     Barrier, DEFAULT_TABLE, InvalidCall, MSG_BRANCH_ID, Op, OpenedStep, Outcome, RetryPolicy,
     StepConnections, StepTx, TransType,
 };
+pub use callback::{CallbackOutcome, OrderTable, PaymentCallbacks, PaymentNotice};
 pub use consumer::{ConsumerLog, Handled, create_consumer_tables, purge_consumer_log};
 pub use error::ParticipantError;
 #[cfg(feature = "axum")]

@@ -164,7 +164,10 @@ pub async fn purge_barriers<DB: BarrierDatabase>(
         Backend::Mysql => "NOW(3) - INTERVAL ? SECOND",
         Backend::Sqlite => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%d seconds', ?))",
     };
-    let sql = format!("DELETE FROM {table} WHERE created_at < {cutoff}");
+    // A lease-mode claim is never purged, however old: its effect is unknown until it is
+    // settled, and without the row a retry would run the external call again.
+    let sql =
+        format!("DELETE FROM {table} WHERE created_at < {cutoff} AND outcome <> 'processing'");
     let secs = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
     let mut conn = pool.acquire().await?;
     DB::exec(&mut conn, dialect.rewrite(&sql), vec![Arg::Int(secs)]).await

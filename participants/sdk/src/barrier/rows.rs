@@ -17,6 +17,9 @@ pub(super) mod outcome_col {
     pub const EMPTY_ROLLBACK: &str = "empty_rollback";
     /// A forward op's row inserted by its compensation, to reject the late forward call.
     pub const GUARD: &str = "guard";
+    /// Lease mode only (`lease.rs`): a committed claim whose external call has not been
+    /// recorded yet; `owner_token` and `lease_until_ms` say who holds it and until when.
+    pub const PROCESSING: &str = "processing";
 }
 
 /// What an existing row of this op means.
@@ -26,6 +29,8 @@ pub(crate) enum Existing {
     EmptyRollback,
     /// The stored first result, JSON.
     Duplicate(String),
+    /// A lease-mode claim still open: the step's external call may be under way.
+    Processing,
     Corrupt(String),
 }
 
@@ -49,6 +54,7 @@ pub(crate) fn interpret_existing(
         (outcome_col::EXECUTED, Some(json)) => Existing::Duplicate(json.to_owned()),
         (outcome_col::EXECUTED, None) => Existing::Corrupt("executed step without a stored result".into()),
         (outcome_col::EMPTY_ROLLBACK, _) => Existing::EmptyRollback,
+        (outcome_col::PROCESSING, _) => Existing::Processing,
         (outcome_col::RUNNING, _) => Existing::Corrupt(
             "a committed barrier row is still `running`: a transaction whose step failed was committed \
              (with `run_in`, roll back when it returns an error)"
@@ -81,6 +87,11 @@ pub(crate) fn interpret_prerequisite(prerequisite: Op, row: Option<(&str, &str)>
         }
         Some((reason, outcome_col::GUARD)) if reason != prerequisite.as_str() => {
             Prerequisite::Guarded
+        }
+        // A lease-mode Try whose external call is not recorded yet: not run, as far as
+        // a Confirm may know; a retry goes through once it is.
+        Some((reason, outcome_col::PROCESSING)) if reason == prerequisite.as_str() => {
+            Prerequisite::Missing
         }
         Some((reason, outcome)) => Prerequisite::Unexpected(format!(
             "its {prerequisite} row was left by a `{reason}` call as `{outcome}`"
@@ -222,6 +233,10 @@ mod tests {
             Ran
         );
         assert_eq!(interpret_prerequisite(Op::Try, None), Missing);
+        assert_eq!(
+            interpret_prerequisite(Op::Try, Some(("try", "processing"))),
+            Missing
+        );
         // The guard an empty rollback left.
         assert_eq!(
             interpret_prerequisite(Op::Try, Some(("cancel", "guard"))),
@@ -270,6 +285,10 @@ mod tests {
         assert_eq!(
             interpret_existing(Op::Cancel, "cancel", "empty_rollback", None),
             EmptyRollback
+        );
+        assert_eq!(
+            interpret_existing(Op::Try, "try", "processing", None),
+            Processing
         );
         // States that a correct run never commits.
         assert!(matches!(
