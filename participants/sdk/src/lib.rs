@@ -51,6 +51,7 @@ pub mod barrier;
 pub mod error;
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod idempotency;
 pub mod kit;
 pub mod metrics;
 pub mod retention;
@@ -77,6 +78,9 @@ pub use idem_sql::Backend;
 /// [`Backend`] under the SDK's former name: `Dialect::from_url`, `tx.dialect().sql(..)`.
 pub use idem_sql::Backend as Dialect;
 pub use idem_sql::{LeanPool, LeanPoolOptions, Leased, Placeholders, rewrite_placeholders};
+pub use idempotency::{
+    Claim, IdempotencyError, IdempotencyStore, Recovery, RecoveryHook, StoredResult,
+};
 pub use kit::{
     Clock, LocalTx, ManualClock, SharedClock, SystemClock, new_owner_token, run_local, system_clock,
 };
