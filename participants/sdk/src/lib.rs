@@ -54,6 +54,7 @@ pub mod error;
 #[cfg(feature = "axum")]
 pub mod http;
 pub mod jobs;
+pub mod idempotency;
 pub mod kit;
 pub mod metrics;
 pub mod retention;
@@ -84,6 +85,8 @@ pub use idem_sql::Backend as Dialect;
 pub use idem_sql::{LeanPool, LeanPoolOptions, Leased, Placeholders, rewrite_placeholders};
 pub use jobs::{
     JobSummary, JobUnits, UnitClaim, UnitKey, UnitOutcome, create_job_tables, purge_job_units,
+pub use idempotency::{
+    Claim, IdempotencyError, IdempotencyStore, Recovery, RecoveryHook, StoredResult,
 };
 pub use kit::{
     Clock, LocalTx, ManualClock, SharedClock, SystemClock, new_owner_token, run_local, system_clock,
