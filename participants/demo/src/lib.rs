@@ -31,6 +31,7 @@
 
 pub mod coupon;
 pub mod inventory;
+pub mod order;
 pub mod payment;
 
 use std::io;
