@@ -141,6 +141,33 @@ fn the_shared_signing_crate_needs_only_its_hashes() {
     }
 }
 
+/// The request hash both sides compute is one small crate: JSON and SHA-256, nothing that
+/// would tie a participant to the coordinator's runtime.
+#[test]
+fn the_canonical_json_crate_needs_only_json_and_sha2() {
+    let tree = normal_tree("idem-canonical");
+    let names = names(&tree);
+    assert!(
+        names.contains(&"serde_json") && names.contains(&"sha2"),
+        "{names:?}"
+    );
+    for forbidden in [
+        "idem",
+        "idem-participant",
+        "idem-sql",
+        "idem-types",
+        "tokio",
+        "axum",
+        "sqlx",
+        "reqwest",
+    ] {
+        assert!(
+            !names.contains(&forbidden),
+            "idem-canonical depends on {forbidden}"
+        );
+    }
+}
+
 /// What clients and the core share is plain data.
 #[test]
 fn the_shared_types_need_nothing_but_serde() {

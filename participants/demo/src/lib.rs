@@ -32,6 +32,7 @@
 pub mod coupon;
 pub mod events;
 pub mod inventory;
+pub mod order;
 pub mod payment;
 
 use std::io;

@@ -7,6 +7,8 @@
 //! idem-demo inventory --signing-secret-file keys.txt        # only calls signed by idem
 //! ```
 
+mod order_cli;
+
 use clap::{Args, Parser, Subcommand};
 use idem_demo::idem_participant::signature::{Keys, Verifier};
 use idem_demo::{coupon, inventory, payment};
@@ -29,6 +31,11 @@ enum Service {
     Payment(Common),
     /// Saga: issue a coupon (POST /coupon/issue). Seeds are `campaign=remaining`.
     Coupon(Common),
+    /// The order service: POST /orders with Idempotency-Key, payment callbacks, "order
+    /// paid" events, built on the SDK's idempotency kit.
+    Order(order_cli::OrderArgs),
+    /// The order service's nightly settlement for one business date (safe to rerun).
+    OrderSettle(order_cli::SettleArgs),
 }
 
 #[derive(Args)]
@@ -67,11 +74,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let cli = Cli::parse();
-    let (name, port, args) = match &cli.service {
-        Service::Inventory(a) => ("inventory", 8081, a),
-        Service::Payment(a) => ("payment", 8082, a),
-        Service::Coupon(a) => ("coupon", 8083, a),
+    match Cli::parse().service {
+        Service::Inventory(a) => serve_participant(Participant::Inventory, a).await,
+        Service::Payment(a) => serve_participant(Participant::Payment, a).await,
+        Service::Coupon(a) => serve_participant(Participant::Coupon, a).await,
+        Service::Order(a) => order_cli::serve(a).await,
+        Service::OrderSettle(a) => order_cli::settle(a).await,
+    }
+}
+
+/// The three branch participants, served alike.
+#[derive(Clone, Copy)]
+enum Participant {
+    Inventory,
+    Payment,
+    Coupon,
+}
+
+async fn serve_participant(
+    service: Participant,
+    args: Common,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (name, port) = match service {
+        Participant::Inventory => ("inventory", 8081),
+        Participant::Payment => ("payment", 8082),
+        Participant::Coupon => ("coupon", 8083),
     };
     let url = args
         .database_url
@@ -81,16 +108,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .listen
         .clone()
         .unwrap_or_else(|| format!("127.0.0.1:{port}"));
-    let pool = match &cli.service {
-        Service::Inventory(_) => inventory::open(&url).await?,
-        Service::Payment(_) => payment::open(&url).await?,
-        Service::Coupon(_) => coupon::open(&url).await?,
+    let pool = match service {
+        Participant::Inventory => inventory::open(&url).await?,
+        Participant::Payment => payment::open(&url).await?,
+        Participant::Coupon => coupon::open(&url).await?,
     };
     for (key, n) in &args.seed {
-        match &cli.service {
-            Service::Inventory(_) => inventory::seed(&pool, key, *n).await?,
-            Service::Payment(_) => payment::seed(&pool, key, *n).await?,
-            Service::Coupon(_) => coupon::seed(&pool, key, *n).await?,
+        match service {
+            Participant::Inventory => inventory::seed(&pool, key, *n).await?,
+            Participant::Payment => payment::seed(&pool, key, *n).await?,
+            Participant::Coupon => coupon::seed(&pool, key, *n).await?,
         }
     }
     let verifier = match &args.signing_secret_file {
@@ -98,10 +125,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     let signed = verifier.is_some();
-    let router = match &cli.service {
-        Service::Inventory(_) => inventory::router_with(pool, verifier),
-        Service::Payment(_) => payment::router_with(pool, verifier),
-        Service::Coupon(_) => coupon::router_with(pool, verifier),
+    let router = match service {
+        Participant::Inventory => inventory::router_with(pool, verifier),
+        Participant::Payment => payment::router_with(pool, verifier),
+        Participant::Coupon => coupon::router_with(pool, verifier),
     };
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     tracing::info!(service = name, addr = %listener.local_addr()?, database = %redact(&url), signed, "listening");
