@@ -17,8 +17,8 @@ use async_nats::jetstream;
 use common::typed::{self, wait_status};
 use idem_client::Status;
 use idem_demo::events::{self, ConsumerConfig, Hooks, Outcome};
-use idem_demo::order::{self, OrderConfig, nightly, outbox, payment, points, store};
 use idem_demo::inventory;
+use idem_demo::order::{self, OrderConfig, nightly, outbox, payment, points, store};
 use idem_participant::callback::SIGNATURE_HEADER;
 use idem_participant::kit::{SharedClock, system_clock};
 use idem_participant::testing;
@@ -65,7 +65,9 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
         let client = typed::client(&idem.url());
         let stock = inventory::open(&db.url).await.unwrap();
         inventory::seed(&stock, "apple", 100).await.unwrap();
-        let inventory_service = inventory::start(stock.clone(), "127.0.0.1:0").await.unwrap();
+        let inventory_service = inventory::start(stock.clone(), "127.0.0.1:0")
+            .await
+            .unwrap();
         let run = uuid::Uuid::new_v4().simple().to_string();
         let subject = format!("test.orders.paid.{run}");
         let pool = order::open(&db.url).await.unwrap();
@@ -79,7 +81,9 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
             create_lease: Duration::from_secs(30),
             paid_subject: subject.clone(),
         };
-        let service = order::start(pool.clone(), config, "127.0.0.1:0").await.unwrap();
+        let service = order::start(pool.clone(), config, "127.0.0.1:0")
+            .await
+            .unwrap();
         let http = reqwest::Client::new();
         let orders_url = service.url("/orders");
 
@@ -89,7 +93,12 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
         let start = Arc::new(tokio::sync::Barrier::new(50));
         let mut tasks = Vec::new();
         for _ in 0..50 {
-            let (http, url, body, start) = (http.clone(), orders_url.clone(), body.clone(), start.clone());
+            let (http, url, body, start) = (
+                http.clone(),
+                orders_url.clone(),
+                body.clone(),
+                start.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 start.wait().await;
                 post(&http, &url, &[("Idempotency-Key", "order-key-1")], &body).await
@@ -103,8 +112,15 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
             replayed += usize::from(replay.as_deref() == Some("true"));
             answers.insert(answer.to_string());
         }
-        assert_eq!(answers.len(), 1, "{name}: all 50 got the first answer: {answers:?}");
-        assert_eq!(replayed, 49, "{name}: every answer but the first is a replay");
+        assert_eq!(
+            answers.len(),
+            1,
+            "{name}: all 50 got the first answer: {answers:?}"
+        );
+        assert_eq!(
+            replayed, 49,
+            "{name}: every answer but the first is a replay"
+        );
         let orders = store::orders(&pool).await.unwrap();
         assert_eq!(orders.len(), 1, "{name}: one order for one key: {orders:?}");
         let first = orders[0].clone();
@@ -112,20 +128,39 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
         assert_eq!(created["order_id"], first.order_id.as_str());
         wait_status(&client, &first.saga_gid, &[Status::Succeeded], WAIT).await;
         let apple = inventory::stock(&stock, "apple").await.unwrap().unwrap();
-        assert_eq!((apple.available, apple.sold), (97, 3), "{name}: the saga sold once");
+        assert_eq!(
+            (apple.available, apple.sold),
+            (97, 3),
+            "{name}: the saga sold once"
+        );
 
         // The same key with another body is refused, and changes nothing.
         let other = json!({"customer": "alice", "sku": "apple", "quantity": 4,
                            "amount_minor": 5_000, "currency": "EUR"});
-        let (status, _, answer) =
-            post(&http, &orders_url, &[("Idempotency-Key", "order-key-1")], &other).await;
-        assert_eq!((status, answer["error"].as_str()), (409, Some("idempotency_key_conflict")), "{name}: {answer}");
+        let (status, _, answer) = post(
+            &http,
+            &orders_url,
+            &[("Idempotency-Key", "order-key-1")],
+            &other,
+        )
+        .await;
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (409, Some("idempotency_key_conflict")),
+            "{name}: {answer}"
+        );
         let (status, _, answer) = post(&http, &orders_url, &[], &body).await;
         assert_eq!(status, 400, "{name}: the key is required: {answer}");
         assert_eq!(store::orders(&pool).await.unwrap().len(), 1);
 
         // A second order that nobody pays: the settlement must not count it.
-        let (status, _, _) = post(&http, &orders_url, &[("Idempotency-Key", "order-key-2")], &other).await;
+        let (status, _, _) = post(
+            &http,
+            &orders_url,
+            &[("Idempotency-Key", "order-key-2")],
+            &other,
+        )
+        .await;
         assert_eq!(status, 201, "{name}");
 
         // The provider calls back 20 times at once: credited once, 20 successes.
@@ -138,8 +173,13 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
         let start = Arc::new(tokio::sync::Barrier::new(20));
         let mut tasks = Vec::new();
         for _ in 0..20 {
-            let (http, url, raw, signature, start) =
-                (http.clone(), callback_url.clone(), raw.clone(), signature.clone(), start.clone());
+            let (http, url, raw, signature, start) = (
+                http.clone(),
+                callback_url.clone(),
+                raw.clone(),
+                signature.clone(),
+                start.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 start.wait().await;
                 let response = http
@@ -160,9 +200,15 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
             assert_eq!(status, 200, "{name}: {answer}");
             credited += usize::from(answer["outcome"] == "credited");
         }
-        assert_eq!(credited, 1, "{name}: one of the 20 credited, the rest were duplicates");
+        assert_eq!(
+            credited, 1,
+            "{name}: one of the 20 credited, the rest were duplicates"
+        );
         let paid = store::order(&pool, &first.order_id).await.unwrap().unwrap();
-        assert_eq!((paid.status.as_str(), paid.paid_txn.as_deref()), ("PAID", Some("pay-777")));
+        assert_eq!(
+            (paid.status.as_str(), paid.paid_txn.as_deref()),
+            ("PAID", Some("pay-777"))
+        );
         let forged = http
             .post(&callback_url)
             .header(SIGNATURE_HEADER, "00".repeat(32))
@@ -170,8 +216,16 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
             .send()
             .await
             .unwrap();
-        assert_eq!(forged.status().as_u16(), 401, "{name}: a forged callback is refused");
-        assert_eq!(outbox::pending(&pool).await.unwrap(), 1, "{name}: one event for one credit");
+        assert_eq!(
+            forged.status().as_u16(),
+            401,
+            "{name}: a forged callback is refused"
+        );
+        assert_eq!(
+            outbox::pending(&pool).await.unwrap(),
+            1,
+            "{name}: one event for one credit"
+        );
 
         // The event goes out, then out again (a relay that died before marking its row),
         // and the consumer credits points once.
@@ -181,8 +235,15 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
         )
         .await
         .unwrap();
-        assert_eq!(outbox::relay_once(&pool, &js, &clock, 100).await.unwrap(), 1);
-        assert_eq!(outbox::relay_once(&pool, &js, &clock, 100).await.unwrap(), 0, "{name}: marked");
+        assert_eq!(
+            outbox::relay_once(&pool, &js, &clock, 100).await.unwrap(),
+            1
+        );
+        assert_eq!(
+            outbox::relay_once(&pool, &js, &clock, 100).await.unwrap(),
+            0,
+            "{name}: marked"
+        );
         let event_id = payment::paid_event_id(&first.order_id);
         let mut again = async_nats::HeaderMap::new();
         // Another message id: JetStream's own duplicate window does not hide this copy.
@@ -226,22 +287,46 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
 
         // The nightly job, run twice for the same day under two execution ids.
         let day = paid.business_date.clone();
-        let run1 = nightly::settle(&pool, clock.clone(), &day, "exec-1").await.unwrap();
-        assert_eq!((run1.done, run1.skipped), (order::SETTLEMENT_SHARDS, 0), "{name}");
-        let run2 = nightly::settle(&pool, clock.clone(), &day, "exec-2").await.unwrap();
-        assert_eq!((run2.done, run2.skipped), (0, order::SETTLEMENT_SHARDS), "{name}: a rerun skips");
+        let run1 = nightly::settle(&pool, clock.clone(), &day, "exec-1")
+            .await
+            .unwrap();
+        assert_eq!(
+            (run1.done, run1.skipped),
+            (order::SETTLEMENT_SHARDS, 0),
+            "{name}"
+        );
+        let run2 = nightly::settle(&pool, clock.clone(), &day, "exec-2")
+            .await
+            .unwrap();
+        assert_eq!(
+            (run2.done, run2.skipped),
+            (0, order::SETTLEMENT_SHARDS),
+            "{name}: a rerun skips"
+        );
         let lines = store::settlement(&pool, &day).await.unwrap();
-        assert_eq!(lines.len() as u64, order::SETTLEMENT_SHARDS, "{name}: one line per shard: {lines:?}");
-        assert!(lines.iter().all(|l| l.execution_id == "exec-1"), "{name}: {lines:?}");
+        assert_eq!(
+            lines.len() as u64,
+            order::SETTLEMENT_SHARDS,
+            "{name}: one line per shard: {lines:?}"
+        );
+        assert!(
+            lines.iter().all(|l| l.execution_id == "exec-1"),
+            "{name}: {lines:?}"
+        );
         let (count, total) = lines
             .iter()
             .fold((0, 0), |(n, t), l| (n + l.orders, t + l.amount_minor));
-        assert_eq!((count, total), (1, 4_250), "{name}: only the paid order, once");
+        assert_eq!(
+            (count, total),
+            (1, 4_250),
+            "{name}: only the paid order, once"
+        );
 
         service.stop().await.unwrap();
         inventory_service.stop().await.unwrap();
         idem.stop().await.unwrap();
         let _ = js.delete_stream(format!("ORDERS_{run}")).await;
         db.drop_database().await;
+        println!("order service on {name}: every repeat absorbed");
     }
 }

@@ -79,11 +79,13 @@ pub async fn serve(args: OrderArgs) -> Result<(), Box<dyn std::error::Error>> {
             &js,
             &ConsumerConfig::new("ORDERS", payment::ORDER_PAID_SUBJECT, points::GROUP),
         )
-        .await?;
+        .await
+        .map_err(|e| e as Box<dyn std::error::Error>)?;
         outbox::spawn_relay(pool.clone(), js, clock, Duration::from_millis(200));
         let (pool, log) = (pool.clone(), points::log());
         tokio::spawn(async move {
-            let done = events::run(consumer, pool, log, points::credit_points, Hooks::default()).await;
+            let done =
+                events::run(consumer, pool, log, points::credit_points, Hooks::default()).await;
             tracing::error!(result = ?done, "the points consumer stopped");
         });
     }
@@ -100,7 +102,13 @@ pub async fn settle(args: SettleArgs) -> Result<(), Box<dyn std::error::Error>> 
     let execution = args
         .execution_id
         .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-    let report = nightly::settle(&pool, Arc::new(idem_participant::SystemClock), &args.date, &execution).await?;
+    let report = nightly::settle(
+        &pool,
+        Arc::new(idem_participant::SystemClock),
+        &args.date,
+        &execution,
+    )
+    .await?;
     println!(
         "settled {}: {} units done by this run, {} already done, {} busy",
         args.date, report.done, report.skipped, report.busy

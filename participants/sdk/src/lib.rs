@@ -53,8 +53,8 @@ pub mod consumer;
 pub mod error;
 #[cfg(feature = "axum")]
 pub mod http;
-pub mod jobs;
 pub mod idempotency;
+pub mod jobs;
 pub mod kit;
 pub mod metrics;
 pub mod retention;
@@ -83,10 +83,11 @@ pub use idem_sql::Backend;
 /// [`Backend`] under the SDK's former name: `Dialect::from_url`, `tx.dialect().sql(..)`.
 pub use idem_sql::Backend as Dialect;
 pub use idem_sql::{LeanPool, LeanPoolOptions, Leased, Placeholders, rewrite_placeholders};
-pub use jobs::{
-    JobSummary, JobUnits, UnitClaim, UnitKey, UnitOutcome, create_job_tables, purge_job_units,
 pub use idempotency::{
     Claim, IdempotencyError, IdempotencyStore, Recovery, RecoveryHook, StoredResult,
+};
+pub use jobs::{
+    JobSummary, JobUnits, UnitClaim, UnitKey, UnitOutcome, create_job_tables, purge_job_units,
 };
 pub use kit::{
     Clock, LocalTx, ManualClock, SharedClock, SystemClock, new_owner_token, run_local, system_clock,

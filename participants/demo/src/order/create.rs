@@ -46,11 +46,11 @@ pub struct CreateOrder {
 
 impl CreateOrder {
     fn check(&self) -> Result<(), String> {
-        for (name, value, max) in [
-            ("customer", &self.customer, 64),
-            ("sku", &self.sku, 64),
-        ] {
-            if value.is_empty() || value.chars().count() > max || value.chars().any(char::is_control) {
+        for (name, value, max) in [("customer", &self.customer, 64), ("sku", &self.sku, 64)] {
+            if value.is_empty()
+                || value.chars().count() > max
+                || value.chars().any(char::is_control)
+            {
                 return Err(format!("`{name}` must be 1 to {max} printable characters"));
             }
         }
@@ -90,7 +90,11 @@ impl From<&Order> for Created {
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (status, Json(json!({"error": code, "message": message.into()}))).into_response()
+    (
+        status,
+        Json(json!({"error": code, "message": message.into()})),
+    )
+        .into_response()
 }
 
 /// The handler. The layer has checked the key (required on this route) before it runs.
@@ -110,7 +114,11 @@ pub async fn create_order(
         .get(idem_participant::idempotency::http::KEY_HEADER)
         .and_then(|v| v.to_str().ok())
     else {
-        return error(StatusCode::BAD_REQUEST, "idempotency_key_required", "Idempotency-Key is required");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "idempotency_key_required",
+            "Idempotency-Key is required",
+        );
     };
     let tenant = tenant_of(&headers);
     let order = match insert_if_absent(&app, &tenant, key, &request).await {
@@ -121,7 +129,11 @@ pub async fn create_order(
         Ok(()) => (StatusCode::CREATED, Json(Created::from(&order))).into_response(),
         // 5xx: the layer marks the record retryable, and the client's retry finds this
         // order again and re-submits the same saga.
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "coordinator_unavailable", e),
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "coordinator_unavailable",
+            e,
+        ),
     }
 }
 
@@ -174,9 +186,9 @@ async fn insert_if_absent(
 /// The settlement shard of an order: a stable hash of its id (FNV-1a), so the nightly job's
 /// units partition the orders the same way on every run.
 pub fn shard_of(order_id: &str) -> i64 {
-    let hash = order_id
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = order_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     i64::try_from(hash % SETTLEMENT_SHARDS).expect("a shard number is small")
 }
 

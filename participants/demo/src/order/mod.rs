@@ -118,7 +118,11 @@ pub fn router(pool: AnyPool, config: OrderConfig) -> Result<Router, String> {
         .with_lease(config.create_lease);
     let keyed = Router::new().route("/orders", post(create::create_order));
     let keyed = IdempotencyLayer::new(store)
-        .route(Method::POST, "/orders", RouteRule::new(create::OPERATION).wait(CREATE_WAIT))
+        .route(
+            Method::POST,
+            "/orders",
+            RouteRule::new(create::OPERATION).wait(CREATE_WAIT),
+        )
         .recovery(create::OrderRecovery { app: app.clone() })
         .apply(keyed);
     Ok(keyed
@@ -127,7 +131,11 @@ pub fn router(pool: AnyPool, config: OrderConfig) -> Result<Router, String> {
         .with_state(app))
 }
 
-async fn payment_callback(State(app): State<OrderApp>, headers: HeaderMap, body: Bytes) -> Response {
+async fn payment_callback(
+    State(app): State<OrderApp>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     app.callbacks.respond(&app.pool, &headers, &body).await
 }
 

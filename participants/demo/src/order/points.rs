@@ -37,7 +37,10 @@ pub fn points_for(amount_minor: i64) -> i64 {
 }
 
 /// The business change of one "order paid" event, inside the consumer log's transaction.
-pub async fn credit_points(tx: LocalTx<'static, Any>, event: Event) -> Result<(), ParticipantError> {
+pub async fn credit_points(
+    tx: LocalTx<'static, Any>,
+    event: Event,
+) -> Result<(), ParticipantError> {
     let paid = OrderPaid::deserialize(&event.body)
         .map_err(|e| ParticipantError::refused(format!("not an order-paid event: {e}")))?;
     sqlx::query(tx.sql("INSERT INTO order_points (order_id, customer, points) VALUES (?, ?, ?)"))
