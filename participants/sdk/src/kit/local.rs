@@ -155,7 +155,6 @@ where
 }
 
 /// Runs one of the backend's primitives on a [`LocalTx`]'s connection.
-#[allow(dead_code)] // until the first tool uses it
 pub(crate) async fn exec<DB: BarrierDatabase>(
     tx: &LocalTx<'_, DB>,
     sql: &str,
@@ -166,7 +165,6 @@ pub(crate) async fn exec<DB: BarrierDatabase>(
 }
 
 /// Reads rows on a [`LocalTx`]'s connection, typed by `kinds`.
-#[allow(dead_code)] // until the first tool uses it
 pub(crate) async fn fetch<DB: BarrierDatabase>(
     tx: &LocalTx<'_, DB>,
     sql: &str,

@@ -84,7 +84,6 @@ pub fn new_owner_token() -> String {
 /// One bounded statement per call, so a purge never holds locks on a large part of a table
 /// the service is writing; callers loop until fewer than `batch` rows went. `table` and
 /// `predicate` are the caller's own text (checked table names, fixed SQL), never input.
-#[allow(dead_code)] // until the first tool's retention uses it
 pub(crate) async fn delete_batch<DB: BarrierDatabase>(
     pool: &Pool<DB>,
     table: &str,
@@ -108,7 +107,6 @@ pub(crate) async fn delete_batch<DB: BarrierDatabase>(
 }
 
 /// Runs [`delete_batch`] until a batch comes back short; returns the rows deleted in all.
-#[allow(dead_code)] // until the first tool's retention uses it
 pub(crate) async fn delete_all_in_batches<DB: BarrierDatabase>(
     pool: &Pool<DB>,
     table: &str,
