@@ -429,7 +429,7 @@ impl Drop for KillOnDrop {
 /// Starts the child, sends it one POST, waits until its handler is blocked in `phase`,
 /// and kills it with SIGKILL.
 async fn crash_during_processing(db: &TestDatabase, phase: &str, key: &str, body: &str) {
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_server", "--nocapture", "--test-threads=1"])
         .env(CHILD_DB, &db.url)
         .env(CHILD_PHASE, phase)
