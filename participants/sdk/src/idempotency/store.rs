@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use super::rows::{end_args, end_sql, insert_if_absent, read_row};
+use super::rows::{Row, end_args, end_sql, insert_if_absent, read_row};
 use super::{
     Claim, ExpiredClaim, IdempotencyError, MAX_RESOURCE_ID_LEN, Recovery, RecoveryHook, Status,
     StoredResult, TABLE, Ticket, check_inputs, count, invalid,
@@ -223,14 +223,9 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
                 (sql, args, Some(Claim::FailedFinal(result)))
             }
         };
-        let row = run_local(&self.pool, self.retry, "idempotency recovery", |tx| {
-            let (sql, args) = (sql.clone(), args.clone());
-            async move {
-                exec(&tx, &sql, args).await?;
-                read_row(&tx, scope, key).await
-            }
-        })
-        .await?;
+        let row = self
+            .write_then_read("idempotency recovery", &sql, args, scope, key)
+            .await?;
         match row {
             Some(row) if row.owner_token == token => {
                 count(scope, "recovered");
@@ -300,14 +295,9 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
             args[3] = Arg::OptText(None);
         }
         args.push(Arg::Text(ticket.owner_token.clone()));
-        let row = run_local(&self.pool, self.retry, "idempotency finish", |tx| {
-            let (sql, args) = (sql.clone(), args.clone());
-            async move {
-                exec(&tx, &sql, args).await?;
-                read_row(&tx, scope, key).await
-            }
-        })
-        .await?;
+        let row = self
+            .write_then_read("idempotency finish", &sql, args, scope, key)
+            .await?;
         match row {
             Some(row) if row.owner_token == ticket.owner_token && row.status == status => {
                 if status != Status::Succeeded {
@@ -433,6 +423,26 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
             let status = Status::parse(row[0].text()?)?;
             Some((status, row[1].int().unwrap_or(0)))
         }))
+    }
+
+    /// Runs one conditional write and reads the row back in the same local transaction:
+    /// the caller decides by the owner token it finds, never by the affected-row count.
+    async fn write_then_read(
+        &self,
+        what: &'static str,
+        sql: &str,
+        args: Vec<Arg>,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<Row>, ParticipantError> {
+        run_local(&self.pool, self.retry, what, |tx| {
+            let args = args.clone();
+            async move {
+                exec(&tx, sql, args).await?;
+                read_row(&tx, scope, key).await
+            }
+        })
+        .await
     }
 
     fn check_result(&self, result: &StoredResult) -> Result<(), IdempotencyError> {
