@@ -37,6 +37,7 @@
 //!   window, in bounded batches, and refuses a window under [`MIN_RETENTION`].
 //! - **Metrics (§28).** [`IDEMPOTENCY_TOTAL`], labelled by operation (never tenant or key).
 
+mod rows;
 mod store;
 
 #[cfg(feature = "axum")]

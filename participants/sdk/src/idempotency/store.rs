@@ -12,16 +12,16 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
+use super::rows::{Row, end_args, end_sql, insert_if_absent, read_row};
 use super::{
     Claim, ExpiredClaim, IdempotencyError, MAX_RESOURCE_ID_LEN, Recovery, RecoveryHook, Status,
     StoredResult, TABLE, Ticket, check_inputs, count, invalid,
 };
-use crate::backend::{Arg, BarrierDatabase, Cell, CellKind};
+use crate::backend::{Arg, BarrierDatabase, CellKind};
 use crate::barrier::RetryPolicy;
-use crate::error::{DbErrorKind, ParticipantError, classify};
-use crate::kit::local::{exec, fetch};
+use crate::error::ParticipantError;
+use crate::kit::local::exec;
 use crate::kit::{LocalTx, SharedClock, new_owner_token, run_local, system_clock};
-use idem_sql::Backend;
 
 /// How many times a claim re-runs after losing a race to another claim of the same record
 /// before it answers "in progress" (each loss means someone else just changed the row).
@@ -63,40 +63,12 @@ pub enum LocalOutcome {
     Repeat(Claim),
 }
 
-/// A row as the protocol reads it.
-struct Row {
-    request_hash: String,
-    status: Status,
-    owner_token: String,
-    headers: Option<String>,
-    body: Option<String>,
-    resource_id: Option<String>,
-    lease_until_ms: Option<i64>,
-    result_status: Option<i64>,
-    attempts: i64,
-    version: i64,
-}
-
 /// One claim attempt's end.
 enum Step {
     Done(Claim),
     /// Another claim changed the row between this one's read and write: run again.
     Raced,
 }
-
-const ROW_COLUMNS: &str = "request_hash, status, owner_token, result_headers, result_body, resource_id, lease_until_ms, result_status, attempts, version";
-const ROW_KINDS: &[CellKind] = &[
-    CellKind::Text,
-    CellKind::Text,
-    CellKind::Text,
-    CellKind::Text,
-    CellKind::Text,
-    CellKind::Text,
-    CellKind::Int,
-    CellKind::Int,
-    CellKind::Int,
-    CellKind::Int,
-];
 
 impl<DB: BarrierDatabase> IdempotencyStore<DB> {
     /// A store on `pool`, with the system clock, a 30 s lease and 64 KiB result bodies.
@@ -251,14 +223,9 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
                 (sql, args, Some(Claim::FailedFinal(result)))
             }
         };
-        let row = run_local(&self.pool, self.retry, "idempotency recovery", |tx| {
-            let (sql, args) = (sql.clone(), args.clone());
-            async move {
-                exec(&tx, &sql, args).await?;
-                read_row(&tx, scope, key).await
-            }
-        })
-        .await?;
+        let row = self
+            .write_then_read("idempotency recovery", &sql, args, scope, key)
+            .await?;
         match row {
             Some(row) if row.owner_token == token => {
                 count(scope, "recovered");
@@ -328,14 +295,9 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
             args[3] = Arg::OptText(None);
         }
         args.push(Arg::Text(ticket.owner_token.clone()));
-        let row = run_local(&self.pool, self.retry, "idempotency finish", |tx| {
-            let (sql, args) = (sql.clone(), args.clone());
-            async move {
-                exec(&tx, &sql, args).await?;
-                read_row(&tx, scope, key).await
-            }
-        })
-        .await?;
+        let row = self
+            .write_then_read("idempotency finish", &sql, args, scope, key)
+            .await?;
         match row {
             Some(row) if row.owner_token == ticket.owner_token && row.status == status => {
                 if status != Status::Succeeded {
@@ -463,6 +425,26 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
         }))
     }
 
+    /// Runs one conditional write and reads the row back in the same local transaction:
+    /// the caller decides by the owner token it finds, never by the affected-row count.
+    async fn write_then_read(
+        &self,
+        what: &'static str,
+        sql: &str,
+        args: Vec<Arg>,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<Row>, ParticipantError> {
+        run_local(&self.pool, self.retry, what, |tx| {
+            let args = args.clone();
+            async move {
+                exec(&tx, sql, args).await?;
+                read_row(&tx, scope, key).await
+            }
+        })
+        .await
+    }
+
     fn check_result(&self, result: &StoredResult) -> Result<(), IdempotencyError> {
         if result.body.len() > self.max_result_body {
             return Err(invalid(
@@ -568,29 +550,6 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
     }
 }
 
-impl Row {
-    fn result(&self) -> Result<StoredResult, ParticipantError> {
-        let status = self
-            .result_status
-            .and_then(|s| u16::try_from(s).ok())
-            .ok_or_else(|| {
-                ParticipantError::internal("a finished idempotency record has no result status")
-            })?;
-        let headers = match &self.headers {
-            Some(json) => serde_json::from_str(json).map_err(|e| {
-                ParticipantError::internal(format!("stored result headers do not decode: {e}"))
-            })?,
-            None => Vec::new(),
-        };
-        Ok(StoredResult {
-            status,
-            headers,
-            body: self.body.clone().unwrap_or_default(),
-            resource_id: self.resource_id.clone(),
-        })
-    }
-}
-
 fn count_claim(scope: &str, claim: &Claim) {
     let outcome = match claim {
         Claim::Acquired(t) if t.attempt == 1 => "first",
@@ -602,112 +561,4 @@ fn count_claim(scope: &str, claim: &Claim) {
         Claim::FailedFinal(_) => "failed_final",
     };
     count(scope, outcome);
-}
-
-/// The end write of a claim: status, result and owner token, WHERE it is still
-/// `PROCESSING` under the expected owner (`extra` adds conditions; the owner token is the
-/// last-but-extra bind).
-fn end_sql(extra: &str) -> String {
-    format!(
-        "UPDATE {TABLE} SET status = ?, result_status = ?, result_headers = ?, result_body = ?, resource_id = ?, owner_token = ?, lease_until_ms = NULL, version = version + 1, updated_at_ms = ? \
-         WHERE scope = ? AND idem_key = ? AND status = 'PROCESSING' AND owner_token = ? {extra}"
-    )
-}
-
-/// The binds of [`end_sql`] up to (not including) the expected owner token.
-fn end_args(
-    status: Status,
-    new_token: &str,
-    result: &StoredResult,
-    now: i64,
-    scope: &str,
-    key: &str,
-) -> Vec<Arg> {
-    let headers = serde_json::to_string(&result.headers).unwrap_or_else(|_| "[]".into());
-    vec![
-        Arg::Text(status.as_str().into()),
-        Arg::OptInt(Some(i64::from(result.status))),
-        Arg::OptText(Some(headers)),
-        Arg::OptText(Some(result.body.clone())),
-        Arg::OptText(result.resource_id.clone()),
-        Arg::Text(new_token.into()),
-        Arg::Int(now),
-        Arg::Text(scope.into()),
-        Arg::Text(key.into()),
-    ]
-}
-
-/// Inserts the `PROCESSING` row unless (scope, key) exists; true when this call inserted it.
-async fn insert_if_absent<DB: BarrierDatabase>(
-    tx: &LocalTx<'static, DB>,
-    scope: &str,
-    key: &str,
-    hash: &str,
-    token: &str,
-    lease_until: i64,
-    now: i64,
-) -> Result<bool, ParticipantError> {
-    let columns = "(scope, idem_key, request_hash, status, owner_token, lease_until_ms, attempts, version, created_at_ms, updated_at_ms) \
-                   VALUES (?, ?, ?, 'PROCESSING', ?, ?, 1, 1, ?, ?)";
-    let dialect = tx.dialect();
-    let sql = match dialect {
-        Backend::Postgres | Backend::Sqlite => {
-            format!("INSERT INTO {TABLE} {columns} ON CONFLICT (scope, idem_key) DO NOTHING")
-        }
-        // MySQL's INSERT IGNORE would also swallow other errors; 1062 alone means "exists".
-        Backend::Mysql => format!("INSERT INTO {TABLE} {columns}"),
-    };
-    let args = vec![
-        Arg::Text(scope.into()),
-        Arg::Text(key.into()),
-        Arg::Text(hash.into()),
-        Arg::Text(token.into()),
-        Arg::Int(lease_until),
-        Arg::Int(now),
-        Arg::Int(now),
-    ];
-    match exec(tx, &sql, args).await {
-        Ok(n) => Ok(n == 1),
-        Err(e)
-            if dialect == Backend::Mysql
-                && classify(dialect, &e) == DbErrorKind::UniqueViolation =>
-        {
-            Ok(false)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-async fn read_row<DB: BarrierDatabase>(
-    tx: &LocalTx<'static, DB>,
-    scope: &str,
-    key: &str,
-) -> Result<Option<Row>, ParticipantError> {
-    let rows = fetch(
-        tx,
-        &format!("SELECT {ROW_COLUMNS} FROM {TABLE} WHERE scope = ? AND idem_key = ?"),
-        vec![Arg::Text(scope.into()), Arg::Text(key.into())],
-        ROW_KINDS,
-    )
-    .await?;
-    let Some(cells) = rows.into_iter().next() else {
-        return Ok(None);
-    };
-    let text = |c: &Cell| c.text().map(str::to_owned);
-    let status_text = text(&cells[1]).unwrap_or_default();
-    let status = Status::parse(&status_text).ok_or_else(|| {
-        ParticipantError::internal(format!("unknown idempotency status `{status_text}`"))
-    })?;
-    Ok(Some(Row {
-        request_hash: text(&cells[0]).unwrap_or_default(),
-        status,
-        owner_token: text(&cells[2]).unwrap_or_default(),
-        headers: text(&cells[3]),
-        body: text(&cells[4]),
-        resource_id: text(&cells[5]),
-        lease_until_ms: cells[6].int(),
-        result_status: cells[7].int(),
-        attempts: cells[8].int().unwrap_or(1),
-        version: cells[9].int().unwrap_or(1),
-    }))
 }
