@@ -18,8 +18,9 @@ use common::typed::{self, wait_status};
 use idem_client::Status;
 use idem_demo::events::{self, ConsumerConfig, Hooks, Outcome};
 use idem_demo::inventory;
-use idem_demo::order::{self, OrderConfig, nightly, outbox, payment, points, store};
+use idem_demo::order::{self, OrderConfig, create, nightly, outbox, payment, points, store};
 use idem_participant::callback::SIGNATURE_HEADER;
+use idem_participant::idempotency::{ExpiredClaim, Recovery, RecoveryHook};
 use idem_participant::kit::{SharedClock, system_clock};
 use idem_participant::testing;
 use serde_json::{Value, json};
@@ -132,6 +133,53 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
             (apple.available, apple.sold),
             (97, 3),
             "{name}: the saga sold once"
+        );
+
+        // The fact source of an interrupted POST: the key's order exists → the first answer
+        // (its saga re-submitted under the same gid, which starts nothing new); no order →
+        // safe to run.
+        let app = order::OrderApp {
+            pool: pool.clone(),
+            idem: client.clone(),
+            inventory_url: inventory_service.url(""),
+            merchant: "shop-1".into(),
+            clock: clock.clone(),
+            callbacks: payment::callbacks("acmepay", SECRET, &subject, clock.clone()).unwrap(),
+        };
+        let hook = create::OrderRecovery { app };
+        let expired = |key: &str| ExpiredClaim {
+            scope: format!("{}:{}", order::DEFAULT_TENANT, create::OPERATION),
+            key: key.into(),
+            request_hash: String::new(),
+            owner_token: "0".repeat(32),
+            attempt: 1,
+            lease_until_ms: 0,
+        };
+        match hook.recover(&expired("order-key-1")).await {
+            Recovery::Succeeded(result) => {
+                assert_eq!(result.status, 201, "{name}");
+                assert_eq!(
+                    serde_json::from_str::<Value>(&result.body).unwrap(),
+                    created,
+                    "{name}"
+                );
+            }
+            other => panic!("{name}: the order exists, so the POST happened: {other:?}"),
+        }
+        assert_eq!(
+            hook.recover(&expired("never-sent")).await,
+            Recovery::NotHappened,
+            "{name}"
+        );
+        assert_eq!(
+            store::orders(&pool).await.unwrap().len(),
+            1,
+            "{name}: recovery made nothing"
+        );
+        let apple = inventory::stock(&stock, "apple").await.unwrap().unwrap();
+        assert_eq!(
+            apple.sold, 3,
+            "{name}: the re-submitted saga sold nothing more"
         );
 
         // The same key with another body is refused, and changes nothing.

@@ -5,7 +5,7 @@
 -- transaction id that paid it (the only one that ever will).
 CREATE TABLE IF NOT EXISTS orders (
     order_id VARCHAR(64) NOT NULL PRIMARY KEY,
-    tenant VARCHAR(64) NOT NULL,
+    tenant VARCHAR(128) NOT NULL,
     idem_key VARCHAR(128) NOT NULL,
     customer VARCHAR(64) NOT NULL,
     sku VARCHAR(64) NOT NULL,

@@ -148,20 +148,19 @@ async fn insert_if_absent(
     let pool = &app.pool;
     let order_id = uuid::Uuid::new_v4().simple().to_string();
     let now = app.clock.now_ms();
+    // Insert-if-absent by (tenant, idem_key): ON CONFLICT DO NOTHING where there is one; on
+    // MySQL a plain INSERT whose duplicate-key error means "exists" (INSERT IGNORE would
+    // also hide truncations and other errors).
     let conflict = match dialect_of(pool) {
         idem_participant::Backend::Mysql => "",
         _ => " ON CONFLICT (tenant, idem_key) DO NOTHING",
     };
-    let verb = match dialect_of(pool) {
-        idem_participant::Backend::Mysql => "INSERT IGNORE",
-        _ => "INSERT",
-    };
     let sql = format!(
-        "{verb} INTO orders (order_id, tenant, idem_key, customer, sku, quantity, amount_minor, \
+        "INSERT INTO orders (order_id, tenant, idem_key, customer, sku, quantity, amount_minor, \
          currency, merchant, status, saga_gid, business_date, shard, created_at_ms) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?){conflict}"
     );
-    sqlx::query(dialect_of(pool).sql(&sql))
+    let inserted = sqlx::query(dialect_of(pool).sql(&sql))
         .bind(&order_id)
         .bind(tenant)
         .bind(key)
@@ -177,7 +176,13 @@ async fn insert_if_absent(
         .bind(shard_of(&order_id))
         .bind(now)
         .execute(pool)
-        .await?;
+        .await;
+    match inserted {
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
+        other => {
+            other?;
+        }
+    }
     store::order_by_key(pool, tenant, key)
         .await?
         .ok_or_else(|| sqlx::Error::RowNotFound)

@@ -27,23 +27,26 @@ pub async fn stage(
     body: &serde_json::Value,
     now_ms: i64,
 ) -> Result<(), sqlx::Error> {
-    let sql = match tx.dialect() {
-        idem_participant::Backend::Mysql => {
-            "INSERT IGNORE INTO order_outbox (event_id, subject, body, created_at_ms) VALUES (?, ?, ?, ?)"
-        }
-        _ => {
-            "INSERT INTO order_outbox (event_id, subject, body, created_at_ms) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (event_id) DO NOTHING"
-        }
+    // ON CONFLICT DO NOTHING where there is one (a failed statement would abort a
+    // PostgreSQL transaction); on MySQL a duplicate-key error leaves the transaction usable.
+    let conflict = match tx.dialect() {
+        idem_participant::Backend::Mysql => "",
+        _ => " ON CONFLICT (event_id) DO NOTHING",
     };
-    sqlx::query(tx.sql(sql))
+    let sql = format!(
+        "INSERT INTO order_outbox (event_id, subject, body, created_at_ms) VALUES (?, ?, ?, ?){conflict}"
+    );
+    let inserted = sqlx::query(tx.sql(&sql))
         .bind(event_id)
         .bind(subject)
         .bind(body.to_string())
         .bind(now_ms)
         .execute(&mut *tx.conn())
-        .await?;
-    Ok(())
+        .await;
+    match inserted {
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(()),
+        other => other.map(|_| ()),
+    }
 }
 
 /// Why a relay pass stopped.
