@@ -179,7 +179,7 @@ async fn twenty_concurrent_deliveries_over_http_credit_once_and_all_succeed() {
         for task in tasks {
             let (status, json) = task.await.unwrap();
             assert_eq!(status, 200, "{}: {json}", db.backend);
-            assert_eq!(json["code"], "SUCCESS");
+            assert_eq!(json["result"], "SUCCESS");
             match json["outcome"].as_str().unwrap() {
                 "credited" => credited += 1,
                 "duplicate" => {}
@@ -211,7 +211,7 @@ async fn twenty_concurrent_deliveries_over_http_credit_once_and_all_succeed() {
             .unwrap();
         assert_eq!(resp.status().as_u16(), 401);
         let json: serde_json::Value = resp.json().await.unwrap();
-        assert_eq!(json["code"], "invalid_signature");
+        assert_eq!(json["error"], "invalid_signature");
         server.abort();
         pool.close().await;
         db.drop_database().await;

@@ -9,8 +9,9 @@ use crate::barrier::StepConnections;
 
 impl<DB: BarrierDatabase> PaymentCallbacks<DB> {
     /// An axum answer for a callback: reads the signature from [`SIGNATURE_HEADER`],
-    /// runs [`PaymentCallbacks::handle`], and answers `{"code": ..., "outcome": ...}`
-    /// with [`CallbackOutcome::status_code`] (200 `SUCCESS` for credited and duplicate),
+    /// runs [`PaymentCallbacks::handle`], and answers `{"result": "SUCCESS", "outcome": ..}`
+    /// or `{"error": <code>, "outcome": .., "message": ..}` with
+    /// [`CallbackOutcome::status_code`] (200 `SUCCESS` for credited and duplicate),
     /// or the error's own status (503 for the database: the provider retries).
     pub async fn respond<S>(&self, pool: &S, headers: &HeaderMap, body: &[u8]) -> Response
     where
@@ -42,7 +43,14 @@ impl<DB: BarrierDatabase> PaymentCallbacks<DB> {
             Err(e) => (e.status_code(), e.kind(), ("error", e.to_string())),
         };
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = serde_json::json!({"code": code, "outcome": message.0, "message": message.1});
+        // A success carries `result` (what providers look for); a failure carries the SDK's
+        // usual `error` code, as every other answer of this crate does.
+        let key = if (200..300).contains(&status.as_u16()) {
+            "result"
+        } else {
+            "error"
+        };
+        let body = serde_json::json!({key: code, "outcome": message.0, "message": message.1});
         (status, axum::Json(body)).into_response()
     }
 }
