@@ -45,7 +45,7 @@ use sha2::Sha256;
 
 use crate::backend::{Arg, BarrierDatabase, Cell, CellKind};
 use crate::barrier::{RetryPolicy, StepConnections, check_table_name};
-use crate::error::{DbErrorKind, ParticipantError, classify};
+use crate::error::ParticipantError;
 use crate::kit::local::{LocalTx, exec, fetch, run_local};
 use crate::kit::{SharedClock, system_clock};
 use idem_sql::Backend;
@@ -416,13 +416,6 @@ impl<DB: BarrierDatabase> PaymentCallbacks<DB> {
     ) -> Result<bool, ParticipantError> {
         let columns = "(provider, merchant, provider_txn_id, order_ref, amount_minor, currency, outcome, received_at_ms) \
                        VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
-        let sql = match tx.dialect() {
-            Backend::Mysql => format!("INSERT INTO {} {columns}", self.table),
-            _ => format!(
-                "INSERT INTO {} {columns} ON CONFLICT (provider, merchant, provider_txn_id) DO NOTHING",
-                self.table
-            ),
-        };
         let args = vec![
             Arg::Text(self.provider.clone()),
             Arg::Text(n.merchant.clone()),
@@ -433,16 +426,8 @@ impl<DB: BarrierDatabase> PaymentCallbacks<DB> {
             Arg::Text("CREDITED".into()),
             Arg::Int(self.clock.now_ms()),
         ];
-        match exec(tx, &sql, args).await {
-            Ok(n) => Ok(n == 1),
-            Err(e)
-                if tx.dialect() == Backend::Mysql
-                    && classify(tx.dialect(), &e) == DbErrorKind::UniqueViolation =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(e.into()),
-        }
+        let key = "provider, merchant, provider_txn_id";
+        crate::kit::insert_if_absent(tx, &self.table, columns, key, args).await
     }
 
     /// A transaction id seen before: a duplicate only if it was for this very payment and

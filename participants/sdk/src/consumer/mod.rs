@@ -43,8 +43,6 @@
 //! Metrics (seed §28): [`CONSUMER_TOTAL`] by consumer group and outcome,
 //! [`CONSUMER_PURGED_TOTAL`]. No event id is a label.
 
-mod store;
-
 use std::future::Future;
 use std::time::Duration;
 
@@ -56,7 +54,7 @@ use crate::barrier::{RetryPolicy, StepConnections};
 use crate::error::ParticipantError;
 use crate::kit::{Clock, LocalTx, SharedClock, run_local, system_clock};
 
-pub(crate) use store::{insert_if_absent, refuse_short_window, run_script};
+use crate::kit::{check_key, insert_if_absent, refuse_short_window, run_script};
 
 /// The consumer log's table.
 pub const CONSUMER_LOG_TABLE: &str = "idem_consumer_log";
@@ -356,18 +354,6 @@ pub async fn consumer_log_stats<DB: BarrierDatabase>(
             .unwrap_or_default(),
         oldest_processed_at_ms: row.and_then(|r| r[1].int()),
     })
-}
-
-/// Refuses an empty key part or one longer than `max` characters, before any write: a key
-/// the table cannot hold is the caller's mistake, not a database error.
-pub(crate) fn check_key(what: &str, value: &str, max: usize) -> Result<(), ParticipantError> {
-    let len = value.chars().count();
-    if len == 0 || len > max {
-        return Err(ParticipantError::refused(format!(
-            "invalid {what}: must be 1 to {max} characters, got {len}"
-        )));
-    }
-    Ok(())
 }
 
 fn cut(value: &str, max: usize) -> String {

@@ -54,7 +54,6 @@ use sqlx::Pool;
 use crate::backend::{Arg, BarrierDatabase};
 use crate::error::ParticipantError;
 use crate::kit::SharedClock;
-use crate::schema::split_sql_script;
 use idem_sql::Backend;
 
 /// The table's name.
@@ -335,12 +334,13 @@ pub fn idempotency_ddl(backend: Backend) -> &'static str {
 pub async fn create_idempotency_tables<DB: BarrierDatabase>(
     pool: &Pool<DB>,
 ) -> Result<(), sqlx::Error> {
-    let dialect = DB::pool_dialect(pool);
-    let mut conn = pool.acquire().await?;
-    for statement in split_sql_script(idempotency_ddl(dialect)) {
-        DB::exec(&mut conn, statement, Vec::new()).await?;
-    }
-    Ok(())
+    crate::kit::run_script(
+        pool,
+        idempotency_ddl(Backend::Sqlite),
+        idempotency_ddl(Backend::Postgres),
+        idempotency_ddl(Backend::Mysql),
+    )
+    .await
 }
 
 /// Deletes terminal records (`SUCCEEDED`, `FAILED_FINAL`, `FAILED_RETRYABLE`) last

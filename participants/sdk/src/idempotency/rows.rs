@@ -3,10 +3,9 @@
 
 use super::{Status, StoredResult, TABLE};
 use crate::backend::{Arg, BarrierDatabase, Cell, CellKind};
-use crate::error::{DbErrorKind, ParticipantError, classify};
+use crate::error::ParticipantError;
 use crate::kit::LocalTx;
-use crate::kit::local::{exec, fetch};
-use idem_sql::Backend;
+use crate::kit::local::fetch;
 
 /// A row as the protocol reads it.
 pub(super) struct Row {
@@ -104,14 +103,6 @@ pub(super) async fn insert_if_absent<DB: BarrierDatabase>(
 ) -> Result<bool, ParticipantError> {
     let columns = "(scope, idem_key, request_hash, status, owner_token, lease_until_ms, attempts, version, created_at_ms, updated_at_ms) \
                    VALUES (?, ?, ?, 'PROCESSING', ?, ?, 1, 1, ?, ?)";
-    let dialect = tx.dialect();
-    let sql = match dialect {
-        Backend::Postgres | Backend::Sqlite => {
-            format!("INSERT INTO {TABLE} {columns} ON CONFLICT (scope, idem_key) DO NOTHING")
-        }
-        // MySQL's INSERT IGNORE would also swallow other errors; 1062 alone means "exists".
-        Backend::Mysql => format!("INSERT INTO {TABLE} {columns}"),
-    };
     let args = vec![
         Arg::Text(scope.into()),
         Arg::Text(key.into()),
@@ -121,16 +112,7 @@ pub(super) async fn insert_if_absent<DB: BarrierDatabase>(
         Arg::Int(now),
         Arg::Int(now),
     ];
-    match exec(tx, &sql, args).await {
-        Ok(n) => Ok(n == 1),
-        Err(e)
-            if dialect == Backend::Mysql
-                && classify(dialect, &e) == DbErrorKind::UniqueViolation =>
-        {
-            Ok(false)
-        }
-        Err(e) => Err(e.into()),
-    }
+    crate::kit::insert_if_absent(tx, TABLE, columns, "scope, idem_key", args).await
 }
 
 pub(super) async fn read_row<DB: BarrierDatabase>(

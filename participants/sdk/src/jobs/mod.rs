@@ -53,8 +53,8 @@ use std::time::Duration;
 
 use crate::backend::Arg;
 use crate::barrier::{RetryPolicy, StepConnections};
-use crate::consumer::check_key;
 use crate::error::ParticipantError;
+use crate::kit::check_key;
 use crate::kit::{LocalTx, SharedClock, new_owner_token, run_local, system_clock};
 
 /// The job units' table.

@@ -30,7 +30,7 @@ pub(super) async fn ensure<DB: BarrierDatabase>(
 ) -> Result<bool, ParticipantError> {
     let mut args = key;
     args.extend([Arg::Int(now), Arg::Int(now)]);
-    crate::consumer::insert_if_absent(
+    crate::kit::insert_if_absent(
         tx,
         super::JOB_UNIT_TABLE,
         "(job, business_date, shard, source_id, batch, status, attempts, created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?, 'PENDING', 0, ?, ?)",

@@ -6,13 +6,13 @@ use sqlx::Pool;
 
 use super::{JOB_UNIT_TABLE, JOB_UNITS_PURGED_TOTAL, MIN_JOB_UNIT_RETENTION, lease_ms};
 use crate::backend::{Arg, BarrierDatabase, CellKind};
-use crate::consumer::refuse_short_window;
 use crate::error::ParticipantError;
 use crate::kit::Clock;
+use crate::kit::refuse_short_window;
 
 /// Creates `idem_job_unit` (if absent) on `pool`'s backend.
 pub async fn create_job_tables<DB: BarrierDatabase>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
-    crate::consumer::run_script(
+    crate::kit::run_script(
         pool,
         include_str!("../../sql/jobs.sqlite.sql"),
         include_str!("../../sql/jobs.postgres.sql"),

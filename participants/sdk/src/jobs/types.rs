@@ -1,8 +1,8 @@
 //! The job units' public types: keys, statuses, rows and what each call answers.
 
 use super::{MAX_BATCH_LEN, MAX_SOURCE_ID_LEN};
-use crate::consumer::check_key;
 use crate::error::ParticipantError;
+use crate::kit::check_key;
 
 /// Which unit of a job's business date.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use sqlx::AssertSqlSafe;
 
-use crate::backend::BarrierDatabase;
+use crate::backend::{Arg, BarrierDatabase};
 use crate::barrier::step::{OpenedStep, Shared, Slot, StepConnections};
 use crate::barrier::{RetryPolicy, jitter_unit};
-use crate::error::ParticipantError;
+use crate::error::{DbErrorKind, ParticipantError, classify};
 use idem_sql::Backend;
 
 /// The local transaction a tool's closure works in: the connection, and the backend for
@@ -158,7 +158,7 @@ where
 pub(crate) async fn exec<DB: BarrierDatabase>(
     tx: &LocalTx<'_, DB>,
     sql: &str,
-    args: Vec<crate::backend::Arg>,
+    args: Vec<Arg>,
 ) -> Result<u64, sqlx::Error> {
     let mut conn = tx.conn();
     DB::exec(&mut conn, tx.dialect.rewrite(sql), args).await
@@ -168,9 +168,42 @@ pub(crate) async fn exec<DB: BarrierDatabase>(
 pub(crate) async fn fetch<DB: BarrierDatabase>(
     tx: &LocalTx<'_, DB>,
     sql: &str,
-    args: Vec<crate::backend::Arg>,
+    args: Vec<Arg>,
     kinds: &'static [crate::backend::CellKind],
 ) -> Result<Vec<Vec<crate::backend::Cell>>, sqlx::Error> {
     let mut conn = tx.conn();
     DB::fetch_cells(&mut conn, tx.dialect.rewrite(sql), args, kinds).await
+}
+
+/// Inserts one row into `table` unless a row with the same unique key (`conflict`, its
+/// columns) exists; true when this call inserted it. `columns` is `(a, b) VALUES (?, ?)`.
+///
+/// The insert itself decides, never a read before it (two readers would both see
+/// "absent"): PostgreSQL and SQLite skip the row with `ON CONFLICT DO NOTHING` (which does
+/// not abort PostgreSQL's transaction); MySQL/MariaDB get a plain `INSERT` and error 1062,
+/// which rolls back only that statement. A concurrent inserter of the same key waits for
+/// the first transaction and then sees its row, or inserts if it rolled back.
+pub(crate) async fn insert_if_absent<DB: BarrierDatabase>(
+    tx: &LocalTx<'_, DB>,
+    table: &str,
+    columns: &str,
+    conflict: &str,
+    args: Vec<Arg>,
+) -> Result<bool, ParticipantError> {
+    let sql = match tx.dialect() {
+        Backend::Postgres | Backend::Sqlite => {
+            format!("INSERT INTO {table} {columns} ON CONFLICT ({conflict}) DO NOTHING")
+        }
+        Backend::Mysql => format!("INSERT INTO {table} {columns}"),
+    };
+    match exec(tx, &sql, args).await {
+        Ok(n) => Ok(n == 1),
+        Err(e)
+            if tx.dialect() == Backend::Mysql
+                && classify(tx.dialect(), &e) == DbErrorKind::UniqueViolation =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
 }

@@ -1,5 +1,7 @@
 //! What every tool of the idempotency kit shares: the clock leases are measured on, the
-//! owner tokens that fence a claim, and the bounded delete that retention runs.
+//! owner tokens that fence a claim, one local transaction and the insert-if-absent that
+//! grants the right to act in it ([`local`]), the key and retention-window checks, the DDL
+//! runner, and the bounded delete that retention runs.
 //!
 //! The tools themselves (the Idempotency-Key records, the barrier's lease mode, payment
 //! callbacks, the consumer log, job units) each keep their table and protocol in their own
@@ -7,14 +9,18 @@
 
 pub mod local;
 
+pub(crate) use local::insert_if_absent;
 pub use local::{LocalConn, LocalTx, run_local};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use std::time::Duration;
+
 use sqlx::Pool;
 
 use crate::backend::{Arg, BarrierDatabase};
+use crate::error::ParticipantError;
 use idem_sql::Backend;
 
 /// Where leases and retention windows read the time, in Unix milliseconds.
@@ -123,6 +129,54 @@ pub(crate) async fn delete_all_in_batches<DB: BarrierDatabase>(
             return Ok(total);
         }
     }
+}
+
+/// Runs the DDL script of `pool`'s backend, statement by statement.
+pub(crate) async fn run_script<DB: BarrierDatabase>(
+    pool: &Pool<DB>,
+    sqlite: &str,
+    postgres: &str,
+    mysql: &str,
+) -> Result<(), sqlx::Error> {
+    let script = match DB::pool_dialect(pool) {
+        Backend::Sqlite => sqlite,
+        Backend::Postgres => postgres,
+        Backend::Mysql => mysql,
+    };
+    let mut conn = pool.acquire().await?;
+    for statement in crate::schema::split_sql_script(script) {
+        DB::exec(&mut conn, statement, Vec::new()).await?;
+    }
+    Ok(())
+}
+
+/// Refuses a retention window below `min`: deleting the record of a repeat that may still
+/// arrive re-executes it (seed §24).
+pub(crate) fn refuse_short_window(
+    what: &str,
+    older_than: Duration,
+    min: Duration,
+) -> Result<(), ParticipantError> {
+    if older_than < min {
+        return Err(ParticipantError::refused(format!(
+            "{what} retention of {}s is shorter than the minimum {}s: a repeat arriving later would run again",
+            older_than.as_secs(),
+            min.as_secs()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses an empty key part or one longer than `max` characters, before any write: a key
+/// the table cannot hold is the caller's mistake, not a database error.
+pub(crate) fn check_key(what: &str, value: &str, max: usize) -> Result<(), ParticipantError> {
+    let len = value.chars().count();
+    if len == 0 || len > max {
+        return Err(ParticipantError::refused(format!(
+            "invalid {what}: must be 1 to {max} characters, got {len}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use sqlx::Pool;
 use super::super::rows::{Existing, insert_if_absent, interpret_existing, outcome_col};
 use super::super::{Barrier, Op, Outcome};
 use crate::backend::{Arg, BarrierDatabase, Cell, CellKind};
-use crate::error::{DbErrorKind, ParticipantError, classify};
+use crate::error::ParticipantError;
 use crate::kit::local::{LocalTx, exec, fetch};
 use idem_sql::Backend;
 
@@ -125,13 +125,6 @@ pub(super) async fn claim_tx<DB: BarrierDatabase>(
 ) -> Result<Option<RowView>, ParticipantError> {
     let columns = "(trans_type, gid, branch_id, op, barrier_id, reason, outcome, owner_token, lease_until_ms) \
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
-    let sql = match tx.dialect() {
-        Backend::Postgres | Backend::Sqlite => format!(
-            "INSERT INTO {} {columns} ON CONFLICT (gid, branch_id, op, barrier_id) DO NOTHING",
-            b.table
-        ),
-        Backend::Mysql => format!("INSERT INTO {} {columns}", b.table),
-    };
     let args = vec![
         Arg::Text(b.trans_type.as_str().into()),
         Arg::Text(b.gid.clone()),
@@ -143,16 +136,8 @@ pub(super) async fn claim_tx<DB: BarrierDatabase>(
         Arg::Text(token.into()),
         Arg::Int(until),
     ];
-    let inserted = match exec(&tx, &sql, args).await {
-        Ok(n) => n == 1,
-        Err(e)
-            if tx.dialect() == Backend::Mysql
-                && classify(tx.dialect(), &e) == DbErrorKind::UniqueViolation =>
-        {
-            false
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let key = "gid, branch_id, op, barrier_id";
+    let inserted = crate::kit::insert_if_absent(&tx, &b.table, columns, key, args).await?;
     if inserted {
         return Ok(None);
     }
