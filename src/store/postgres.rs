@@ -100,13 +100,20 @@ pub async fn connect(
     let pool =
         pools::server_pool::<Postgres>(options, suspicion).connect_lazy_with(connect.clone());
     let mut store = SqlStore::new(pool);
-    store.lean = Some(LeanPool::with_options(connect, pools::lean(options)));
+    // The lean pool runs the hot writes, each keyed by a primary key: a generic plan is
+    // right whatever the table's statistics say, and saves planning every execution. A
+    // custom plan once picked a status index full of dead entries (every transaction
+    // passes through `running`) over the primary key.
+    let hot = connect.options([("plan_cache_mode", "force_generic_plan")]);
+    store.lean = Some(LeanPool::with_options(hot, pools::lean(options)));
     Ok(store)
 }
 
 /// A whole save as one statement: the global row's conditional UPDATE, and, only if it
 /// matched, the branch UPDATEs and the attempt INSERT, as data-modifying CTEs. One round
-/// trip and no BEGIN/COMMIT; atomic like any single statement.
+/// trip and no BEGIN/COMMIT; atomic like any single statement. The branch UPDATEs name
+/// the gid as a parameter rather than joining the CTE: joined, the plan cached on a
+/// connection while the table was small scanned the whole table on every save.
 async fn save_with_ctes(
     store: &SqlStore<Postgres>,
     save: &Save<'_>,
@@ -117,13 +124,14 @@ async fn save_with_ctes(
         Guard::Version(_) => "version = ?",
     };
     let mut sql = format!(
-        "WITH g AS (UPDATE idem_global SET {GLOBAL_SET} WHERE gid = ? AND status = ? AND {guard} RETURNING gid)"
+        "WITH g AS (UPDATE idem_global SET {GLOBAL_SET} WHERE gid = ? AND {} RETURNING gid)",
+        key_only_guard(&format!("status = ? AND {guard}"))
     );
     for (i, group) in groups.iter().enumerate() {
         let ids = vec!["?"; group.branch_ids.len()].join(", ");
         sql.push_str(&format!(
-            ", b{i} AS (UPDATE idem_branch SET {BRANCH_SET} FROM g \
-             WHERE idem_branch.gid = g.gid AND idem_branch.action = ? AND idem_branch.branch_id IN ({ids}))"
+            ", b{i} AS (UPDATE idem_branch SET {BRANCH_SET} \
+             WHERE idem_branch.gid = ? AND EXISTS (SELECT 1 FROM g) AND idem_branch.action = ? AND idem_branch.branch_id IN ({ids}))"
         ));
     }
     if !save.attempts.is_empty() {
@@ -141,7 +149,9 @@ async fn save_with_ctes(
     );
     for group in groups {
         let b = group.values;
-        query = bind_branch_set!(query, b).bind(b.action.as_str());
+        query = bind_branch_set!(query, b)
+            .bind(save.after.gid.as_str())
+            .bind(b.action.as_str());
         for id in &group.branch_ids {
             query = query.bind(*id);
         }
@@ -155,6 +165,16 @@ async fn save_with_ctes(
     } else {
         Saved::Saved
     })
+}
+
+/// `condition` written so that the planner cannot use it to choose an index: a row is
+/// found by its primary key, and the condition is checked on that row. Left visible, the
+/// status in it made the planner prefer an index that leads with the status (the
+/// transaction list's, retention's), whose `running` entries grow with every transaction
+/// that ever ran until a vacuum removes them, over the primary key: a generic plan made
+/// while the table was small, or without statistics, kept doing so for every save.
+fn key_only_guard(condition: &str) -> String {
+    format!("(CASE WHEN {condition} THEN TRUE ELSE FALSE END)")
 }
 
 /// Creates the global row and its branches in one statement; false if the gid was taken.

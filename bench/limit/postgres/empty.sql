@@ -17,14 +17,14 @@ b AS (INSERT INTO idem_branch (gid, branch_id, action, seq, url, payload, status
 SELECT count(*) FROM g;
 -- 2. step 01 answered: stored before step 02 is sent (durable)
 WITH g AS (UPDATE idem_global SET status = 'running', stalled_from = NULL, attempts = 0, next_attempt_at = (:now)::bigint + 1, last_error = NULL, reason = NULL, timeout_at = NULL, updated_at = (:now)::bigint + 1, finished_at = NULL, owner_token = 'bench:0123456789abcdef0123456789abcdef', lease_until = (:now)::bigint + 15001, version = version + 1
-  WHERE gid = 'lim-' || :client_id || '-' || :r AND status = 'running' AND owner_token = 'bench:0123456789abcdef0123456789abcdef' RETURNING gid),
+  WHERE gid = 'lim-' || :client_id || '-' || :r AND (CASE WHEN status = 'running' AND owner_token = 'bench:0123456789abcdef0123456789abcdef' THEN TRUE ELSE FALSE END) RETURNING gid),
 b0 AS (UPDATE idem_branch SET status = 'succeeded', attempts = 1, next_attempt_at = NULL, last_error = NULL, in_progress_since = NULL, updated_at = (:now)::bigint + 1, finished_at = (:now)::bigint + 1
-  FROM g WHERE idem_branch.gid = g.gid AND idem_branch.action = 'action' AND idem_branch.branch_id IN ('01'))
+  WHERE idem_branch.gid = 'lim-' || :client_id || '-' || :r AND EXISTS (SELECT 1 FROM g) AND idem_branch.action = 'action' AND idem_branch.branch_id IN ('01'))
 SELECT count(*) FROM g;
 -- 3. step 02 answered, the saga succeeded: stored durably like every other write (an
 --    outcome reported to a client must survive a database crash)
 WITH g AS (UPDATE idem_global SET status = 'succeeded', stalled_from = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL, reason = NULL, timeout_at = NULL, updated_at = (:now)::bigint + 2, finished_at = (:now)::bigint + 2, owner_token = NULL, lease_until = NULL, version = version + 1
-  WHERE gid = 'lim-' || :client_id || '-' || :r AND status = 'running' AND owner_token = 'bench:0123456789abcdef0123456789abcdef' RETURNING gid),
+  WHERE gid = 'lim-' || :client_id || '-' || :r AND (CASE WHEN status = 'running' AND owner_token = 'bench:0123456789abcdef0123456789abcdef' THEN TRUE ELSE FALSE END) RETURNING gid),
 b0 AS (UPDATE idem_branch SET status = 'succeeded', attempts = 1, next_attempt_at = NULL, last_error = NULL, in_progress_since = NULL, updated_at = (:now)::bigint + 2, finished_at = (:now)::bigint + 2
-  FROM g WHERE idem_branch.gid = g.gid AND idem_branch.action = 'action' AND idem_branch.branch_id IN ('02'))
+  WHERE idem_branch.gid = 'lim-' || :client_id || '-' || :r AND EXISTS (SELECT 1 FROM g) AND idem_branch.action = 'action' AND idem_branch.branch_id IN ('02'))
 SELECT count(*) FROM g;

@@ -34,7 +34,7 @@ UPDATE idem_barrier SET outcome = 'executed', result = '{"gid": "lim","branch_id
 COMMIT;
 -- coordinator: the commit decision (one statement, durable before any Confirm)
 WITH g AS (UPDATE idem_global SET status = 'committing', stalled_from = NULL, attempts = 0, next_attempt_at = (:now)::bigint + 1, last_error = NULL, reason = NULL, timeout_at = (:now)::bigint + 60000, updated_at = (:now)::bigint + 1, finished_at = NULL, owner_token = 'bench:0123456789abcdef0123456789abcdef', lease_until = (:now)::bigint + 15001, version = version + 1
-  WHERE gid = 'lim-' || :client_id || '-' || :r AND status = 'prepared' AND version = 0 RETURNING gid)
+  WHERE gid = 'lim-' || :client_id || '-' || :r AND (CASE WHEN status = 'prepared' AND version = 0 THEN TRUE ELSE FALSE END) RETURNING gid)
 SELECT count(*) FROM g;
 -- inventory: Confirm
 BEGIN;
@@ -54,7 +54,7 @@ UPDATE idem_barrier SET outcome = 'executed', result = '{"gid": "lim","branch_id
 COMMIT;
 -- coordinator: both Confirms answered, the transaction succeeded (stored durably)
 WITH g AS (UPDATE idem_global SET status = 'succeeded', stalled_from = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL, reason = NULL, timeout_at = (:now)::bigint + 60000, updated_at = (:now)::bigint + 2, finished_at = (:now)::bigint + 2, owner_token = NULL, lease_until = NULL, version = version + 1
-  WHERE gid = 'lim-' || :client_id || '-' || :r AND status = 'committing' AND owner_token = 'bench:0123456789abcdef0123456789abcdef' RETURNING gid),
+  WHERE gid = 'lim-' || :client_id || '-' || :r AND (CASE WHEN status = 'committing' AND owner_token = 'bench:0123456789abcdef0123456789abcdef' THEN TRUE ELSE FALSE END) RETURNING gid),
 b0 AS (UPDATE idem_branch SET status = 'succeeded', attempts = 1, next_attempt_at = NULL, last_error = NULL, in_progress_since = NULL, updated_at = (:now)::bigint + 2, finished_at = (:now)::bigint + 2
-  FROM g WHERE idem_branch.gid = g.gid AND idem_branch.action = 'confirm' AND idem_branch.branch_id IN ('01', '02'))
+  WHERE idem_branch.gid = 'lim-' || :client_id || '-' || :r AND EXISTS (SELECT 1 FROM g) AND idem_branch.action = 'confirm' AND idem_branch.branch_id IN ('01', '02'))
 SELECT count(*) FROM g;
