@@ -376,7 +376,10 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Stor
         Some(Backend::Sqlite) => {
             // SQLite has one writer at a time: concurrent transactions share commits.
             let store = Arc::new(sqlite::connect(url, options).await?.max_branches(max));
-            store.start_group_commit();
+            store.start_group_commit(sql::WriterSettings {
+                writers: 1,
+                timeout: None,
+            });
             Ok(Arc::new(bounded::Bounded::uncut(store)))
         }
         Some(Backend::Postgres) => {
@@ -384,6 +387,8 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Stor
             let store = postgres::connect(url, options, &suspicion)
                 .await?
                 .max_branches(max);
+            let store = Arc::new(store);
+            store.start_group_commit(server_writers(options));
             Ok(bounded(store, options, suspicion))
         }
         Some(Backend::Mysql) => {
@@ -391,6 +396,8 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Stor
             let store = mysql::connect(url, options, &suspicion)
                 .await?
                 .max_branches(max);
+            let store = Arc::new(store);
+            store.start_group_commit(server_writers(options));
             Ok(bounded(store, options, suspicion))
         }
         None => Err(StoreError::UnsupportedUrl(url.to_owned())),
@@ -402,7 +409,10 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Stor
 pub async fn connect_existing(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Store>> {
     if Backend::from_url(url) == Some(Backend::Sqlite) {
         let store = Arc::new(sqlite::connect_existing(url, options).await?);
-        store.start_group_commit();
+        store.start_group_commit(sql::WriterSettings {
+            writers: 1,
+            timeout: None,
+        });
         Ok(store)
     } else {
         // Connecting to a server never creates its database.
@@ -410,9 +420,22 @@ pub async fn connect_existing(url: &str, options: &ConnectOptions) -> Result<Arc
     }
 }
 
+/// Writer tasks of a server database's store: while one writes its batch, the next
+/// batch gathers behind another, and the database works on several at once.
+const SERVER_WRITERS: usize = 4;
+
+/// How a server database's creates and saves are written: in batches by
+/// [`SERVER_WRITERS`] writers, each batch bounded by the call timeout.
+fn server_writers(options: &ConnectOptions) -> sql::WriterSettings {
+    sql::WriterSettings {
+        writers: SERVER_WRITERS,
+        timeout: Some(options.call_timeout),
+    }
+}
+
 /// A server database's store with its calls bounded, and its lean pool told of trouble.
 fn bounded<DB: sql::StoreDatabase>(
-    store: sql::SqlStore<DB>,
+    store: Arc<sql::SqlStore<DB>>,
     options: &ConnectOptions,
     suspicion: pools::Suspicion,
 ) -> Arc<dyn Store>
@@ -423,7 +446,7 @@ where
         suspicion.also(move || lean.check_idle());
     }
     Arc::new(bounded::Bounded::new(
-        Arc::new(store),
+        store,
         options.call_timeout,
         suspicion,
     ))

@@ -18,11 +18,11 @@ use futures::future::BoxFuture;
 use idem_sql::{Backend, LeanPool};
 use sqlx::{Database, Pool};
 
-use super::{Lease, Result, Save, Saved};
-use crate::core::{Millis, Transaction};
+use super::{Lease, Result, Saved};
+use crate::core::Millis;
 
 pub(crate) mod binds;
-mod group_commit;
+pub(super) mod group_commit;
 mod overview;
 mod retention;
 mod rows;
@@ -31,11 +31,10 @@ mod store_impl;
 mod tokens;
 mod writes;
 
+pub use group_commit::WriterSettings;
 pub use rows::{BranchRow, GlobalRow};
 pub use statements::Statements;
-pub(super) use statements::{
-    ACTIVE_STATUSES, BRANCH_COLUMNS, BRANCH_SET, GLOBAL_COLUMNS, GLOBAL_SET,
-};
+pub(super) use statements::{ACTIVE_STATUSES, BRANCH_COLUMNS, GLOBAL_COLUMNS};
 pub use writes::{BranchGroup, branch_groups};
 
 /// What a database does its own way.
@@ -65,23 +64,13 @@ pub trait StoreDatabase: Database + Sized {
     /// (retention's batches); empty where writers are serialised anyway (SQLite).
     const SKIP_LOCKED: &'static str;
 
-    /// A database that can store a whole save in one statement (PostgreSQL's
-    /// data-modifying CTEs) does it here; `None` means: use a transaction.
-    fn save_in_one_statement<'a>(
+    /// A database that can write a whole batch of queued creates and saves in one
+    /// statement (PostgreSQL) does it here; `None` means: one transaction, a statement or
+    /// two per write. Results in the order of `works`.
+    fn write_batch_in_one_statement<'a>(
         _store: &'a SqlStore<Self>,
-        _save: &'a Save<'a>,
-        _groups: &'a [BranchGroup<'a>],
-    ) -> Option<BoxFuture<'a, Result<Saved>>> {
-        None
-    }
-
-    /// Likewise for creating a transaction with its branches.
-    fn create_in_one_statement<'a>(
-        _store: &'a SqlStore<Self>,
-        _tx: &'a Transaction,
-        _request_hash: &'a str,
-        _lease: Option<&'a Lease>,
-    ) -> Option<BoxFuture<'a, Result<bool>>> {
+        _works: &'a [group_commit::Work],
+    ) -> Option<BoxFuture<'a, Result<Vec<group_commit::JobResult>>>> {
         None
     }
 
@@ -106,7 +95,7 @@ pub struct SqlStore<DB: StoreDatabase> {
     pub sql: Statements,
     /// What a readiness check looks at beyond `SELECT 1` answering (SQLite: its file).
     pub ready_check: Option<Box<dyn Fn() -> Result<()> + Send + Sync>>,
-    /// Set by [`SqlStore::start_group_commit`]: writes go through one writer task.
+    /// Set by [`SqlStore::start_group_commit`]: writes go through the writer tasks.
     batch: std::sync::OnceLock<tokio::sync::mpsc::Sender<group_commit::Job>>,
     /// See [`super::ConnectOptions::max_branches`].
     max_branches: usize,

@@ -61,12 +61,6 @@ where
         request_hash: &str,
         lease: Option<&Lease>,
     ) -> Result<Created> {
-        if let Some(one) = DB::create_in_one_statement(self, tx, request_hash, lease) {
-            return match one.await? {
-                true => Ok(Created::Inserted),
-                false => self.existing(&tx.gid).await,
-            };
-        }
         if let Some(queue) = self.batch.get() {
             return match group_commit::create(queue, tx, request_hash, lease).await? {
                 true => Ok(Created::Inserted),
@@ -83,13 +77,10 @@ where
     }
 
     async fn save(&self, save: Save<'_>) -> Result<Saved> {
-        let groups = branch_groups(save.before, save.after);
-        if let Some(one) = DB::save_in_one_statement(self, &save, &groups) {
-            return one.await;
-        }
         if let Some(queue) = self.batch.get() {
             return group_commit::save(queue, &save).await;
         }
+        let groups = branch_groups(save.before, save.after);
         if groups.is_empty() && save.attempts.is_empty() {
             // A decision or a lease alone: one conditional UPDATE needs no transaction.
             let done = match &self.lean {

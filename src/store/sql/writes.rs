@@ -10,7 +10,7 @@ use sqlx::{Database, Encode, Executor, IntoArguments, Type};
 use super::binds::{
     bind_attempt, bind_branch_insert, bind_branch_set, bind_global_insert, bind_global_update,
 };
-use super::group_commit::{self, Job, JobResult};
+use super::group_commit::{self, JobResult, Work, WriterSettings};
 use super::rows::corrupt;
 use super::statements::INSERT_BATCH;
 use super::{SqlStore, StoreDatabase, is_unique_violation, q, saved_if};
@@ -185,43 +185,44 @@ where
         Ok(Saved::Saved)
     }
 
-    /// Runs queued writes in one transaction: one commit (one fsync) for all of them.
-    pub(super) async fn write_batch(&self, jobs: &[Job]) -> Result<Vec<JobResult>> {
-        let mut db = DB::BACKEND.begin(&self.pool).await?;
-        let mut results = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            results.push(match job {
-                Job::Create {
-                    tx,
-                    request_hash,
-                    lease,
-                    ..
-                } => JobResult::Created(
-                    self.create_in(&mut db, tx, request_hash, lease.as_ref())
+    /// Runs queued writes in one transaction: one commit (one fsync) for all of them. A
+    /// database that writes a whole batch in one statement does that instead.
+    pub(super) async fn write_batch(&self, works: &[Work]) -> Result<Vec<JobResult>> {
+        if let Some(one) = DB::write_batch_in_one_statement(self, works) {
+            return one.await;
+        }
+        let mut db = self.begin_write().await?;
+        let mut results = Vec::with_capacity(works.len());
+        for work in works {
+            results.push(match work {
+                Work::Create(c) => JobResult::Created(
+                    self.create_in(db.conn(), &c.tx, &c.request_hash, c.lease.as_ref())
                         .await?,
                 ),
-                Job::Save { save, .. } => {
+                Work::Save(save) => {
                     let save = save.borrow();
                     let groups = branch_groups(save.before, save.after);
-                    JobResult::Saved(self.save_in(&mut db, &save, &groups).await?)
+                    JobResult::Saved(self.save_in(db.conn(), &save, &groups).await?)
                 }
             });
         }
-        db.commit().await?;
+        db.end(true).await?;
         Ok(results)
     }
 
-    /// Makes this store group concurrent writes into shared commits, through one writer
-    /// task. The task holds the store weakly: it ends when the store is dropped.
-    pub fn start_group_commit(self: &Arc<Self>)
+    /// Makes this store write through its writer tasks: concurrent creates and saves share
+    /// commits. The tasks hold the store weakly: they end when the store is dropped.
+    pub fn start_group_commit(self: &Arc<Self>, settings: WriterSettings)
     where
         DB: 'static,
     {
         if let Some(jobs) = group_commit::queue(&self.batch) {
-            group_commit::spawn_writer(Arc::downgrade(self), jobs, |store, batch| async move {
-                let written = store.write_batch(&batch).await;
-                (batch, written)
-            });
+            group_commit::spawn_writers(
+                Arc::downgrade(self),
+                jobs,
+                settings,
+                |store, works| async move { store.write_batch(&works).await },
+            );
         }
     }
 

@@ -1,0 +1,104 @@
+//! PostgreSQL.
+
+mod batch;
+
+use std::str::FromStr;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use idem_sql::{Backend, LeanPool};
+use sqlx::postgres::{PgConnectOptions, PgQueryResult};
+use sqlx::{Pool, Postgres};
+
+use super::pools::{self, Suspicion};
+use super::sql::group_commit::{JobResult, Work};
+use super::sql::{ACTIVE_STATUSES, ClaimedRow, SqlStore, StoreDatabase};
+use super::{ConnectOptions, Lease, Result};
+use crate::core::Millis;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+/// Session settings of the writers' connections. Their statements join a batch's rows to
+/// the tables by primary key, and a nested loop over that key is the right plan at any
+/// table size; the planner, left to choose, once cached a full scan made while the table
+/// was small (or had no statistics: autovacuum may be off) and kept it at every size. A
+/// generic plan also spares planning each batch.
+const WRITER_SESSION: [(&str, &str); 4] = [
+    ("plan_cache_mode", "force_generic_plan"),
+    ("enable_seqscan", "off"),
+    ("enable_hashjoin", "off"),
+    ("enable_mergejoin", "off"),
+];
+
+impl StoreDatabase for Postgres {
+    const BACKEND: Backend = Backend::Postgres;
+    // clock_timestamp(), not now(): now() is the start of the transaction.
+    const NOW_MS: &'static str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+    // A caught unique violation would abort the whole PostgreSQL transaction.
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+    const ON_DUPLICATE_DO_NOTHING: &'static str = " ON CONFLICT DO NOTHING";
+    const UPSERT_COORDINATOR: &'static str = " ON CONFLICT (node) DO UPDATE SET \
+         last_seen_at = excluded.last_seen_at, \
+         last_claim_at = COALESCE(excluded.last_claim_at, idem_coordinator.last_claim_at)";
+
+    fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
+        MIGRATOR.run(pool).boxed()
+    }
+
+    fn rows_affected(result: &PgQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn write_batch_in_one_statement<'a>(
+        store: &'a SqlStore<Self>,
+        works: &'a [Work],
+    ) -> Option<BoxFuture<'a, Result<Vec<JobResult>>>> {
+        Some(batch::write(store, works).boxed())
+    }
+
+    fn claim<'a>(
+        store: &'a SqlStore<Self>,
+        lease: &'a Lease,
+        now: Millis,
+        limit: u32,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<ClaimedRow>>> {
+        async move {
+            // SKIP LOCKED: coordinators scanning at the same time take different rows
+            // instead of queueing behind each other's locks. RETURNING shows the new row,
+            // so the old owner comes from the locked subquery.
+            let sql = format!(
+                "UPDATE idem_global g SET owner_token = $1, lease_until = $2, version = g.version + 1 \
+                 FROM (SELECT gid, owner_token FROM idem_global \
+                   WHERE status IN {ACTIVE_STATUSES} AND next_attempt_at <= $3 \
+                     AND (lease_until IS NULL OR lease_until < $3) \
+                   ORDER BY next_attempt_at LIMIT $4 FOR UPDATE SKIP LOCKED) old \
+                 WHERE g.gid = old.gid \
+                 RETURNING g.gid, old.owner_token"
+            );
+            sqlx::query_as::<_, ClaimedRow>(sqlx::AssertSqlSafe(sql))
+                .bind(&lease.token)
+                .bind(lease.until)
+                .bind(now)
+                .bind(i64::from(limit))
+                .fetch_all(&store.pool)
+                .await
+        }
+        .boxed()
+    }
+}
+
+pub async fn connect(
+    url: &str,
+    options: &ConnectOptions,
+    suspicion: &Suspicion,
+) -> Result<SqlStore<Postgres>> {
+    let connect = PgConnectOptions::from_str(url)?;
+    pools::probe(&connect, options.connect_timeout).await?;
+    let pool =
+        pools::server_pool::<Postgres>(options, suspicion).connect_lazy_with(connect.clone());
+    let mut store = SqlStore::new(pool);
+    // The lean pool serves the writers alone (creates and saves, in batches).
+    let writers = connect.options(WRITER_SESSION);
+    store.lean = Some(LeanPool::with_options(writers, pools::lean(options)));
+    Ok(store)
+}
