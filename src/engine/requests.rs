@@ -10,6 +10,14 @@ impl Engine {
     /// Creates and starts a saga. A repeat with the same gid and request returns the
     /// stored transaction; another request under the same gid is a conflict.
     pub async fn create_saga(self: &Arc<Self>, new: NewSaga) -> Result<CreateOutcome, EngineError> {
+        let engine = Arc::clone(self);
+        detached(async move { engine.create_and_start(new).await }).await
+    }
+
+    async fn create_and_start(
+        self: &Arc<Self>,
+        new: NewSaga,
+    ) -> Result<CreateOutcome, EngineError> {
         let now = self.clock.now();
         let mut tx = Transaction::saga(new.gid, new.steps, new.options, now);
         tx.trace = Some(new.trace.unwrap_or_else(crate::trace::start));
@@ -134,7 +142,7 @@ impl Engine {
 
     /// Commits a prepared TCC or msg transaction.
     pub async fn submit(self: &Arc<Self>, gid: &str) -> Result<StoredTx, EngineError> {
-        self.update(gid, &Event::Submit, true).await.map(|(s, _)| s)
+        self.take_over(gid, Event::Submit).await.map(|(s, _)| s)
     }
 
     /// Rolls back a prepared TCC (Cancels) or msg (fails it).
@@ -142,12 +150,12 @@ impl Engine {
         let event = Event::Abort {
             reason: reason.to_owned(),
         };
-        self.update(gid, &event, true).await.map(|(s, _)| s)
+        self.take_over(gid, event).await.map(|(s, _)| s)
     }
 
     /// Resumes a stalled transaction, or makes a backing-off one due now.
     pub async fn retry(self: &Arc<Self>, gid: &str) -> Result<StoredTx, EngineError> {
-        let (stored, changed) = self.update(gid, &Event::Retry, true).await?;
+        let (stored, changed) = self.take_over(gid, Event::Retry).await?;
         if changed {
             self.observer.operator(OperatorAction::Retry, &stored.tx);
         }
@@ -163,7 +171,7 @@ impl Engine {
         let event = Event::ForceStop {
             reason: reason.to_owned(),
         };
-        let (stored, changed) = self.update(gid, &event, true).await?;
+        let (stored, changed) = self.take_over(gid, event).await?;
         if changed {
             self.observer
                 .operator(OperatorAction::ForceStop, &stored.tx);
@@ -177,6 +185,17 @@ impl Engine {
             .load(gid)
             .await?
             .ok_or_else(|| EngineError::NotFound(gid.to_owned()))
+    }
+
+    /// [`Engine::update`] of a request that takes the transaction over, run to its end
+    /// whether or not the caller still waits.
+    async fn take_over(
+        self: &Arc<Self>,
+        gid: &str,
+        event: Event,
+    ) -> Result<(StoredTx, bool), EngineError> {
+        let (engine, gid) = (Arc::clone(self), gid.to_owned());
+        detached(async move { engine.update(&gid, &event, true).await }).await
     }
 
     /// Applies a client or operator event: read, apply, write conditionally on the
@@ -274,5 +293,22 @@ impl Engine {
                 .status(&after.gid, before.status, after.status, after.updated_at);
             self.observer.changed(before, after);
         }
+    }
+}
+
+/// Runs a request's work in a task of its own and waits for it. A client that hangs up
+/// drops its request, and with it whatever the request was awaiting: dropped between its
+/// write and the start of the driver, a transaction would be stored with this process's
+/// lease and driven by nobody until the lease ran out. Detached, the work finishes.
+async fn detached<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
+) -> Result<T, EngineError> {
+    match tokio::spawn(work).await {
+        Ok(done) => done,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Only a runtime that is shutting down cancels a task.
+        Err(_) => Err(EngineError::Store(StoreError::Batch(
+            "the coordinator is stopping".into(),
+        ))),
     }
 }
