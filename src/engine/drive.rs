@@ -62,6 +62,7 @@ impl Engine {
         let mut current = stored.tx.clone();
         let mut attempts: Vec<AttemptRecord> = Vec::new();
         let mut after_round = false;
+        let mut last_calls_ended = None;
         loop {
             if t.persist {
                 let decision = is_decision(&current, &t.tx);
@@ -120,7 +121,14 @@ impl Engine {
             let followed = match &t.next {
                 Next::Call(calls) => {
                     let round = self
-                        .call_round(&mut stored, &current, lease, calls, &mut attempts)
+                        .call_round(
+                            &mut stored,
+                            &current,
+                            lease,
+                            calls,
+                            &mut attempts,
+                            &mut last_calls_ended,
+                        )
                         .await;
                     after_round = true;
                     round
@@ -138,7 +146,8 @@ impl Engine {
 
     /// One round: waits for call slots, sends `calls` concurrently and applies all their
     /// answers at once; the misses go to `attempts`, to be stored with the round's state.
-    /// `None`: the driver stops (shutting down, lease lost, or stalled).
+    /// `None`: the driver stops (shutting down, lease lost, or stalled). Its phases are
+    /// timed (`idem_round_seconds`), the gap since `last_calls_ended` included.
     async fn call_round(
         &self,
         stored: &mut StoredTx,
@@ -146,15 +155,25 @@ impl Engine {
         lease: Lease,
         calls: &[BranchKey],
         attempts: &mut Vec<AttemptRecord>,
+        last_calls_ended: &mut Option<std::time::Instant>,
     ) -> Option<(Transition, Lease)> {
         let gid = current.gid.as_str();
         if self.stopping.is_cancelled() {
             self.release(gid, &lease.token).await;
             return None;
         }
+        let waiting = std::time::Instant::now();
         let (slots, lease) = self.call_slots(gid, lease, current, calls.len()).await?;
+        let calling = std::time::Instant::now();
+        crate::metrics::round_phase("slots", calling - waiting);
+        if let Some(ended) = last_calls_ended.take() {
+            crate::metrics::round_phase("gap", calling - ended);
+        }
         let answers = self.round(current, calls, slots.num_permits()).await;
         drop(slots);
+        let ended = std::time::Instant::now();
+        crate::metrics::round_phase("calls", ended - calling);
+        *last_calls_ended = Some(ended);
         self.observer.point(Point::AfterCallsBeforeRecord, gid);
         let mut events = Vec::with_capacity(answers.len());
         for (key, result, started_at) in answers {

@@ -147,6 +147,36 @@ pub const DESCRIPTIONS: &[(&str, Type, &str, &str)] = &[
         "Duration of API requests, by method and route template.",
     ),
     (
+        "idem_store_write_seconds",
+        Type::Histogram,
+        "op",
+        "A create or a save as the engine waits for it (queued, batched, written, answered), by op (create, save).",
+    ),
+    (
+        "idem_store_queue_seconds",
+        Type::Histogram,
+        "",
+        "How long a create or save waited for a writer to take it into a batch.",
+    ),
+    (
+        "idem_store_batch_writes",
+        Type::Histogram,
+        "",
+        "Creates and saves written together in one batch (one commit; on PostgreSQL one statement).",
+    ),
+    (
+        "idem_store_batch_seconds",
+        Type::Histogram,
+        "",
+        "How long the database took to write one batch, its commit included.",
+    ),
+    (
+        "idem_round_seconds",
+        Type::Histogram,
+        "phase",
+        "A driver's round by phase: slots (waiting for call slots), calls (the round's calls, concurrent), gap (from the end of one round's calls to the start of the next round's, the store write and scheduling included).",
+    ),
+    (
         "idem_transactions_active",
         Type::Gauge,
         "status",
@@ -196,6 +226,16 @@ pub const CALL_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// Buckets of the phases of one transaction's work inside the coordinator (store writes,
+/// their queue and batches, a round's phases): from tens of microseconds up.
+pub const PHASE_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 10.0,
+];
+
+/// Writes per batch.
+pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
 /// Buckets of API requests: most take a database round trip; a `wait_result` waits for
 /// the whole transaction.
 pub const HTTP_BUCKETS: &[f64] = &[
@@ -213,6 +253,15 @@ fn builder() -> PrometheusBuilder {
         .set_buckets(HTTP_BUCKETS)
         .expect("the bucket list is not empty");
     let b = with(b, "idem_branch_call_seconds", CALL_BUCKETS);
+    let b = with(b, "idem_store_batch_writes", BATCH_BUCKETS);
+    let b = [
+        "idem_store_write_seconds",
+        "idem_store_queue_seconds",
+        "idem_store_batch_seconds",
+        "idem_round_seconds",
+    ]
+    .into_iter()
+    .fold(b, |b, name| with(b, name, PHASE_BUCKETS));
     with(b, "idem_http_request_seconds", HTTP_BUCKETS)
 }
 
@@ -295,6 +344,28 @@ pub const STORE_ERROR_KINDS: &[&str] = &[
 /// Counts one failed database call (see `StoreError::kind`).
 pub fn store_error(kind: &'static str) {
     metrics::counter!("idem_store_errors_total", "kind" => kind).increment(1);
+}
+
+/// One create or save as the engine waited for it: queued, batched, written, answered.
+pub fn store_write(op: &'static str, took: std::time::Duration) {
+    metrics::histogram!("idem_store_write_seconds", "op" => op).record(took.as_secs_f64());
+}
+
+/// How long one write waited in the queue before a writer took it into a batch.
+pub fn store_queued(waited: std::time::Duration) {
+    metrics::histogram!("idem_store_queue_seconds").record(waited.as_secs_f64());
+}
+
+/// One batch of writes: how many, and how long the database took with them (statements
+/// and commit).
+pub fn store_batch(writes: usize, took: std::time::Duration) {
+    metrics::histogram!("idem_store_batch_writes").record(writes as f64);
+    metrics::histogram!("idem_store_batch_seconds").record(took.as_secs_f64());
+}
+
+/// One phase of a driver's round (see `idem_round_seconds`).
+pub fn round_phase(phase: &'static str, took: std::time::Duration) {
+    metrics::histogram!("idem_round_seconds", "phase" => phase).record(took.as_secs_f64());
 }
 
 /// The Prometheus text exposition of every metric, SQL counts included.

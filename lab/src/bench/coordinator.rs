@@ -79,6 +79,11 @@ impl Coordinator {
         ticks / 100.0
     }
 
+    /// The coordinator's `/metrics` exposition now.
+    pub(super) async fn metrics(&self, http: &reqwest::Client) -> Result<String, Error> {
+        Ok(idem_client(&self.url, http)?.metrics().await?)
+    }
+
     pub(super) async fn sql(&self, http: &reqwest::Client) -> Result<SqlCounts, Error> {
         let text = idem_client(&self.url, http)?.metrics().await?;
         let value = |name: &str| series(&text, name).unwrap_or(0);

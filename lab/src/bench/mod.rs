@@ -22,13 +22,14 @@ mod coordinator;
 mod inflight;
 pub mod limit;
 mod load;
+pub mod phases;
 mod soak;
 
 pub use coordinator::Coordinator;
 pub use soak::SoakFigures;
 
 use inflight::run_many_in_flight;
-use load::{Client, drive};
+use load::{Client, drive, idem_client};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -122,6 +123,9 @@ pub struct BenchResult {
     pub share_of_limit: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub soak: Option<SoakFigures>,
+    /// Where the time went inside the coordinator during the measured window.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<phases::Phase>,
     /// Transactions the timed coordinator's retention deleted during the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retention_deleted: Option<u64>,
@@ -187,6 +191,9 @@ impl BenchResult {
                 sql.participant_statements,
                 sql.participant_commits
             ));
+        }
+        if !self.phases.is_empty() {
+            out.push_str(&phases::table(&self.phases));
         }
         if let Some(n) = self.retention_deleted.filter(|n| *n > 0) {
             out.push_str(&format!(
@@ -391,6 +398,18 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         bar
     });
     let cpu_before = coordinator.cpu_seconds();
+    // The coordinator's timing histograms as the measured window begins.
+    let window_start = {
+        let (coordinator_url, http, warmup) =
+            (coordinator.url.clone(), http.clone(), config.warmup);
+        tokio::spawn(async move {
+            tokio::time::sleep(warmup).await;
+            idem_client(&coordinator_url, &http)?
+                .metrics()
+                .await
+                .map_err(Error::from)
+        })
+    };
     let (mut latencies, failures, measured) = drive(
         client,
         config.clients,
@@ -405,7 +424,16 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         bar.finish_and_clear();
     }
     latencies.sort_unstable();
+    let phases = match window_start.await {
+        Ok(Ok(before)) => phases::between(
+            &before,
+            &coordinator.metrics(&http).await?,
+            latencies.len() as u64,
+        ),
+        _ => Vec::new(),
+    };
     let result = BenchResult {
+        phases,
         workload: format!("{:?}", config.workload).to_lowercase(),
         backend: config.backend.clone(),
         clients: config.clients,
