@@ -49,7 +49,7 @@ impl StoreDatabase for Postgres {
         result.rows_affected()
     }
 
-    fn write_batch_in_one_statement<'a>(
+    fn write_batch_natively<'a>(
         store: &'a SqlStore<Self>,
         works: &'a [Work],
     ) -> Option<BoxFuture<'a, Result<Vec<JobResult>>>> {

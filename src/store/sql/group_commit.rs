@@ -230,6 +230,21 @@ impl Work {
     }
 }
 
+/// Each write's result, from the gids its batch wrote: a create inserted, a save
+/// matched. A batch holds one write per transaction, so a gid names one write.
+pub(in crate::store) fn results(works: &[Work], written: &HashSet<String>) -> Vec<JobResult> {
+    works
+        .iter()
+        .map(|work| {
+            let matched = written.contains(work.gid());
+            match work {
+                Work::Create(_) => JobResult::Created(matched),
+                Work::Save(_) => JobResult::Saved(if matched { Saved::Saved } else { Saved::Lost }),
+            }
+        })
+        .collect()
+}
+
 /// What a job wrote, in the order of the batch.
 pub enum JobResult {
     Created(bool),

@@ -21,6 +21,7 @@ use sqlx::{Database, Pool};
 use super::{Lease, Result, Saved};
 use crate::core::Millis;
 
+pub(super) mod batch_rows;
 pub(crate) mod binds;
 pub(super) mod group_commit;
 mod overview;
@@ -64,10 +65,11 @@ pub trait StoreDatabase: Database + Sized {
     /// (retention's batches); empty where writers are serialised anyway (SQLite).
     const SKIP_LOCKED: &'static str;
 
-    /// A database that can write a whole batch of queued creates and saves in one
-    /// statement (PostgreSQL) does it here; `None` means: one transaction, a statement or
-    /// two per write. Results in the order of `works`.
-    fn write_batch_in_one_statement<'a>(
+    /// A database with a faster way to write a whole batch of queued creates and saves
+    /// than a statement or two per write in one transaction does it here (PostgreSQL: one
+    /// statement; SQLite: one statement per table and kind of write). Results in the order
+    /// of `works`; `None`: the statements per write.
+    fn write_batch_natively<'a>(
         _store: &'a SqlStore<Self>,
         _works: &'a [group_commit::Work],
     ) -> Option<BoxFuture<'a, Result<Vec<group_commit::JobResult>>>> {

@@ -188,7 +188,7 @@ where
     /// Runs queued writes in one transaction: one commit (one fsync) for all of them. A
     /// database that writes a whole batch in one statement does that instead.
     pub(super) async fn write_batch(&self, works: &[Work]) -> Result<Vec<JobResult>> {
-        if let Some(one) = DB::write_batch_in_one_statement(self, works) {
+        if let Some(one) = DB::write_batch_natively(self, works) {
             return one.await;
         }
         let mut db = self.begin_write().await?;

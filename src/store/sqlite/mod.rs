@@ -1,5 +1,7 @@
 //! SQLite, the embedded default.
 
+mod batch;
+
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -13,6 +15,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Pool, Sqlite};
 
+use super::sql::group_commit::{JobResult, Work};
 use super::sql::{ACTIVE_STATUSES, ClaimedRow, SqlStore, StoreDatabase, take_over};
 use super::{ConnectOptions, Lease, Result};
 use crate::core::Millis;
@@ -38,6 +41,13 @@ impl StoreDatabase for Sqlite {
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {
         result.rows_affected()
+    }
+
+    fn write_batch_natively<'a>(
+        store: &'a SqlStore<Self>,
+        works: &'a [Work],
+    ) -> Option<BoxFuture<'a, Result<Vec<JobResult>>>> {
+        Some(batch::write(store, works).boxed())
     }
 
     fn claim<'a>(
