@@ -40,6 +40,15 @@ pub struct ServeArgs {
     /// How often to look for transactions nobody drives, in ms.
     #[arg(long, env = "IDEM_RECOVERY_INTERVAL_MS", default_value_t = 1_000)]
     pub recovery_interval_ms: u64,
+    /// Calls to participants in flight at once, over all transactions (each holds a
+    /// connection to its participant).
+    #[arg(long, env = "IDEM_MAX_CONCURRENT_CALLS", default_value_t = 1_024)]
+    pub max_concurrent_calls: usize,
+    /// Transactions this process drives at once. Past it, new and due transactions wait
+    /// in the database, unowned, and are claimed in order as drivers finish: memory and
+    /// lease renewals grow with the work under way, not with the work in flight.
+    #[arg(long, env = "IDEM_MAX_DRIVING", default_value_t = 2_048)]
+    pub max_driving: usize,
     /// Default timeout of one call to a participant, in ms.
     #[arg(long, env = "IDEM_REQUEST_TIMEOUT_MS", default_value_t = 5_000)]
     pub request_timeout_ms: u64,
@@ -293,6 +302,8 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
         .unwrap_or_else(|| default_node(args.listen));
     config.engine.lease_ms = args.lease_ms.max(1_000);
     config.engine.recovery_interval = Duration::from_millis(args.recovery_interval_ms.max(10));
+    config.engine.max_concurrent_calls = args.max_concurrent_calls.max(1);
+    config.engine.max_driving = args.max_driving.max(1);
     config.engine.defaults.request_timeout_ms = args.request_timeout_ms;
     config.engine.defaults.retry_interval_ms = args.retry_interval_ms;
     config.engine.defaults.max_retry_interval_ms = args.max_retry_interval_ms;

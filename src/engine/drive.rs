@@ -11,8 +11,15 @@ use crate::transport::CallResult;
 impl Engine {
     // ---- driving ---------------------------------------------------------------------
 
-    /// Drives `tx` (as stored, owned under `lease`) from the effects of `t` in a new task.
-    pub(super) fn start(self: Arc<Self>, stored: StoredTx, lease: Lease, t: Transition) {
+    /// Drives `tx` (as stored, owned under `lease`) from the effects of `t` in a new task,
+    /// which holds `admission` until it ends.
+    pub(super) fn start(
+        self: Arc<Self>,
+        stored: StoredTx,
+        lease: Lease,
+        t: Transition,
+        admission: Admission,
+    ) {
         let gid = stored.tx.gid.clone();
         let token = lease.token.clone();
         let mut driving = self.driving.lock().expect("poisoned");
@@ -35,7 +42,9 @@ impl Engine {
                 driving.remove(&gid);
             }
             drop(driving);
+            drop(admission);
             engine.notify(&gid);
+            engine.driver_ended();
         });
         let abort = task.abort_handle();
         driving.insert(gid, Driver { token, abort });

@@ -69,6 +69,11 @@ pub struct EngineConfig {
     pub prepared_timeout_ms: u64,
     /// Calls to participants in flight at once, over all transactions.
     pub max_concurrent_calls: usize,
+    /// Transactions driven in this process at once. Past it, new and due transactions wait
+    /// in the database, unowned (no lease to renew, nothing in memory), and the recovery
+    /// loop claims them in order as drivers finish: memory and lease writes are bounded by
+    /// the work under way, not by the work in flight.
+    pub max_driving: usize,
     /// Whether this process drives transactions. An operator's command-line tool does
     /// not: its retry or force-stop releases the transaction to the servers instead.
     pub drive: bool,
@@ -86,6 +91,7 @@ impl Default for EngineConfig {
             defaults: TxOptions::default(),
             prepared_timeout_ms: 60_000,
             max_concurrent_calls: 1_024,
+            max_driving: 2_048,
             drive: true,
         }
     }
@@ -153,6 +159,13 @@ pub struct Engine {
     observer: Arc<dyn Observer>,
     config: EngineConfig,
     calls: Semaphore,
+    /// One permit per transaction driven (see [`EngineConfig::max_driving`]).
+    admission: Arc<Semaphore>,
+    /// Set while the recovery loop waits for drivers to finish before it claims more; a
+    /// finishing driver then wakes it through `capacity_freed`. Creates and take-overs
+    /// leave their transactions to it meanwhile, so the oldest due ones go first.
+    backlog: std::sync::atomic::AtomicBool,
+    capacity_freed: Notify,
     /// Drawn at start: makes this process's owner tokens its own (see `identity`).
     instance: String,
     /// Transactions this process drives: the token, and how to stop the driver.
@@ -166,6 +179,10 @@ pub struct Engine {
     /// When the recovery loop's last pass began (see [`Engine::recovery_lag`]).
     recovery_pass: Mutex<Option<std::time::Instant>>,
 }
+
+/// The right to drive one more transaction in this process (see
+/// [`EngineConfig::max_driving`]); handed back when its driver ends.
+pub(super) type Admission = tokio::sync::OwnedSemaphorePermit;
 
 /// A driver task of this process.
 struct Driver {
@@ -184,7 +201,11 @@ impl Engine {
         config: EngineConfig,
     ) -> Arc<Engine> {
         let calls = Semaphore::new(config.max_concurrent_calls.max(1));
+        let admission = Arc::new(Semaphore::new(config.max_driving.max(1)));
         Arc::new(Engine {
+            admission,
+            backlog: std::sync::atomic::AtomicBool::new(false),
+            capacity_freed: Notify::new(),
             store,
             transport,
             clock,
@@ -256,6 +277,15 @@ impl Engine {
             );
         }
         Ok(released)
+    }
+
+    /// A permit to drive one more transaction now, unless this process drives as many as
+    /// it may, or older due transactions wait in the database for the next free places.
+    pub(super) fn admit(&self) -> Option<Admission> {
+        if !self.config.drive || self.backlog.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        Arc::clone(&self.admission).try_acquire_owned().ok()
     }
 
     /// Number of transactions this process is driving now.

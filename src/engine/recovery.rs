@@ -7,17 +7,34 @@ use super::*;
 impl Engine {
     // ---- recovery --------------------------------------------------------------------
 
-    /// Claims due transactions nobody drives and drives them. Returns how many it took.
+    /// Claims due transactions nobody drives, as many as this process has room to drive
+    /// (see [`EngineConfig::max_driving`]), and drives them. Returns how many it took.
     pub async fn recover_once(self: &Arc<Self>) -> Result<usize, StoreError> {
+        Ok(self.claim_pass().await?.0)
+    }
+
+    /// [`Engine::recover_once`], and whether the pass was cut short by the room left.
+    async fn claim_pass(self: &Arc<Self>) -> Result<(usize, bool), StoreError> {
         if self.stopping.is_cancelled() {
-            return Ok(0);
+            return Ok((0, false));
         }
+        let room = self
+            .admission
+            .available_permits()
+            .min(self.config.claim_batch as usize);
+        let Some(mut permits) = (room > 0)
+            .then(|| {
+                Arc::clone(&self.admission)
+                    .try_acquire_many_owned(room as u32)
+                    .ok()
+            })
+            .flatten()
+        else {
+            return Ok((0, true));
+        };
         let now = self.clock.now();
         let lease = self.new_lease(now);
-        let claimed = self
-            .store
-            .claim_due(&lease, now, self.config.claim_batch)
-            .await?;
+        let claimed = self.store.claim_due(&lease, now, room as u32).await?;
         let n = claimed.len();
         let ours = identity::instance_prefix(&self.config.node, &self.instance);
         for Claimed {
@@ -32,36 +49,57 @@ impl Engine {
                 .is_some_and(|t| !t.starts_with(&ours));
             self.observer
                 .claimed(&stored.tx, previous_owner.as_deref(), takeover);
+            let admission = permits.split(1).expect("a permit per claimed row");
             match core::apply(&stored.tx, &Event::Wake, self.ctx()) {
-                Ok(t) => Arc::clone(self).start(stored, lease.clone(), t),
+                Ok(t) => Arc::clone(self).start(stored, lease.clone(), t, admission),
                 Err(e) => tracing::error!(gid = stored.tx.gid, error = %e, "cannot resume"),
             }
         }
-        Ok(n)
+        // A pass that filled what room there was may have left due rows behind.
+        let cut_short = n == room && room < self.config.claim_batch as usize;
+        Ok((n, cut_short))
+    }
+
+    /// Wakes a recovery loop that waits for room, once a good share of it is free: one
+    /// claim for many places rather than one per finished driver.
+    pub(super) fn driver_ended(&self) {
+        use std::sync::atomic::Ordering;
+        let enough = (self.config.max_driving / 4).clamp(1, self.config.claim_batch as usize);
+        if self.backlog.load(Ordering::Acquire) && self.admission.available_permits() >= enough {
+            self.capacity_freed.notify_one();
+        }
     }
 
     /// Runs the recovery loop until [`Engine::shutdown`].
     pub async fn run_recovery(self: Arc<Self>) {
+        use std::sync::atomic::Ordering;
         let mut seen = Seen::default();
         loop {
             *self.recovery_pass.lock().expect("poisoned") = Some(std::time::Instant::now());
-            let pass = self.recover_once().await;
-            if let Ok(n) = pass
+            let pass = self.claim_pass().await;
+            if let Ok((n, _)) = pass
                 && n > 0
             {
                 seen.claimed_at = Some(self.now());
             }
             self.note_seen(&mut seen).await;
-            match pass {
+            let waits_for_room = match pass {
                 // A full batch: there may be more due right now.
-                Ok(n) if n as u32 >= self.config.claim_batch => continue,
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "recovery scan failed"),
-            }
+                Ok((n, _)) if n as u32 >= self.config.claim_batch => continue,
+                Ok((_, cut_short)) => cut_short,
+                Err(e) => {
+                    tracing::warn!(error = %e, "recovery scan failed");
+                    false
+                }
+            };
+            // Out of room with rows left due: new work queues behind them in the database
+            // until finishing drivers make room, so the oldest go first.
+            self.backlog.store(waits_for_room, Ordering::Release);
             let jitter = rand::random::<f64>() * 0.2 + 0.9;
             let pause = self.config.recovery_interval.mul_f64(jitter);
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
+                _ = self.capacity_freed.notified(), if waits_for_room => {}
                 _ = self.stopping.cancelled() => return,
             }
         }
@@ -124,15 +162,20 @@ impl Engine {
             // An aborted driver makes no further call once its task has ended.
             self.tasks.wait().await;
         }
-        let left: Vec<(String, String)> = self
-            .driving
-            .lock()
-            .expect("poisoned")
-            .drain()
-            .map(|(gid, d)| (gid, d.token))
-            .collect();
-        for (gid, token) in left {
-            self.release(&gid, &token).await;
+        let left = {
+            let mut driving = self.driving.lock().expect("poisoned");
+            let left = driving.len();
+            driving.clear();
+            left
+        };
+        if left == 0 {
+            return;
+        }
+        // No driver of this process runs any more: every lease it holds goes back in one
+        // write, not one per transaction (a process driving thousands took minutes).
+        let ours = identity::instance_prefix(&self.config.node, &self.instance);
+        if let Err(e) = self.store.release_node(&ours).await {
+            tracing::warn!(error = %e, "cannot hand the leases back; they lapse on their own");
         }
     }
 

@@ -22,14 +22,17 @@ impl Engine {
         let mut tx = Transaction::saga(new.gid, new.steps, new.options, now);
         tx.trace = Some(new.trace.unwrap_or_else(crate::trace::start));
         // The creator drives the saga; if it dies, the lease lapses and recovery resumes.
-        let lease = self.config.drive.then(|| self.new_lease(now));
+        // A creator that drives as many as it may stores it unowned and due: the recovery
+        // loop of a coordinator with room claims it.
+        let admission = self.admit();
+        let lease = admission.as_ref().map(|_| self.new_lease(now));
         let outcome = self
             .create(tx.clone(), &new.request, lease.as_ref())
             .await?;
-        if let (true, Some(lease)) = (outcome.created, lease) {
+        if let (true, Some(lease), Some(admission)) = (outcome.created, lease, admission) {
             let t =
                 core::apply(&tx, &Event::Wake, self.ctx()).map_err(EngineError::InvalidState)?;
-            Arc::clone(self).start(outcome.stored.clone(), lease, t);
+            Arc::clone(self).start(outcome.stored.clone(), lease, t, admission);
         }
         Ok(outcome)
     }
@@ -228,7 +231,9 @@ impl Engine {
             }
             let now = self.clock.now();
             let has_calls = !t.calls().is_empty();
-            let lease = (take_over && has_calls && self.config.drive).then(|| self.new_lease(now));
+            // Without room to drive it here, the row is released to the recovery loops.
+            let admission = (take_over && has_calls).then(|| self.admit()).flatten();
+            let lease = admission.as_ref().map(|_| self.new_lease(now));
             let keep_owner = stored
                 .owner_token
                 .clone()
@@ -272,13 +277,13 @@ impl Engine {
                 ..stored
             };
             self.recent.put(result.clone());
-            if let Some(lease) = lease {
+            if let (Some(lease), Some(admission)) = (lease, admission) {
                 // Stored above: the driver starts at the transition's next step.
                 let stored_already = Transition {
                     persist: false,
                     ..t
                 };
-                Arc::clone(self).start(result.clone(), lease, stored_already);
+                Arc::clone(self).start(result.clone(), lease, stored_already, admission);
             } else if t.tx.status.is_terminal() || t.tx.status == Status::Stalled {
                 self.notify(gid);
             }

@@ -115,10 +115,12 @@ struct RecentInner {
 
 /// Finished states kept for late waits and repeats; older ones are read again if asked.
 const FINISHED_KEPT: usize = 2_048;
-/// Unfinished states kept at most (prepared TCCs that are never submitted pile up here
-/// until their timeout); past it the cache starts over, which costs reads, not
-/// correctness.
-const ACTIVE_KEPT: usize = 50_000;
+/// Unfinished states kept at most: about what this process drives at once (see
+/// `EngineConfig::max_driving`) plus room for prepared TCCs awaiting their submit. Past
+/// it the cache starts over, which costs reads, not correctness: with 100,000 sagas in
+/// flight and most of them waiting in the database, a bound of 50,000 held some 60 MB
+/// of states nobody here would read.
+const ACTIVE_KEPT: usize = 8_192;
 
 impl Recent {
     pub(super) fn get(&self, gid: &str) -> Option<StoredTx> {

@@ -150,7 +150,7 @@ pub const DESCRIPTIONS: &[(&str, Type, &str, &str)] = &[
         "idem_store_write_seconds",
         Type::Histogram,
         "op",
-        "A create or a save as the engine waits for it (queued, batched, written, answered), by op (create, save).",
+        "A create, a save or a lease renewal as the engine waits for it (queued, batched, written, answered), by op (create, save, renew).",
     ),
     (
         "idem_store_queue_seconds",

@@ -106,6 +106,24 @@ impl Coordinator {
         Ok(series(&text, &name))
     }
 
+    /// A counter's value now (0 if the coordinator has none yet).
+    pub(super) async fn counter(&self, http: &reqwest::Client, name: &str) -> Result<u64, Error> {
+        Ok(series(&self.metrics(http).await?, name).unwrap_or(0))
+    }
+
+    /// SIGTERM, then waits up to `within` for the process to exit; the time it took.
+    pub(super) async fn terminate(&mut self, within: Duration) -> Result<Duration, Error> {
+        let pid = self.pid().ok_or("the coordinator has exited already")?;
+        let started = std::time::Instant::now();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .map_err(|_| format!("the coordinator did not exit within {within:?} of SIGTERM"))??;
+        Ok(started.elapsed())
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.start_kill();
     }
@@ -128,7 +146,7 @@ pub(super) fn proc_status_kb(pid: Option<u32>, key: &str) -> u64 {
 }
 
 /// The value of one series in a Prometheus text exposition.
-fn series(text: &str, name: &str) -> Option<u64> {
+pub(super) fn series(text: &str, name: &str) -> Option<u64> {
     text.lines()
         .find(|l| l.starts_with(name))
         .and_then(|l| l.rsplit(' ').next())

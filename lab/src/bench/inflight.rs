@@ -75,6 +75,37 @@ async fn create_sagas(
     Ok(())
 }
 
+/// What the inflight workload saw beyond the peak RSS.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct ScaleFigures {
+    /// Seconds to create all the transactions.
+    pub create_seconds: f64,
+    /// Seconds the coordinator was watched after the last create.
+    pub observed_seconds: f64,
+    /// Transactions that finished while watched (their calls take `--participant-delay-ms`).
+    pub finished_while_observed: u64,
+    /// Lease renewals per second while watched (`idem_lease_renewals_total`).
+    pub lease_renewals_per_second: f64,
+    /// Transactions this process drove at the end of the watch (`idem_transactions_driving`).
+    pub driving: u64,
+    /// Seconds from SIGTERM to the process's exit, everything still in flight.
+    pub sigterm_exit_seconds: f64,
+}
+
+impl ScaleFigures {
+    pub fn table(&self) -> String {
+        format!(
+            "  created in {:.1} s; watched {:.1} s: {} finished, {:.1} lease renewals/s, {} driven at the end\n  SIGTERM to exit: {:.2} s\n",
+            self.create_seconds,
+            self.observed_seconds,
+            self.finished_while_observed,
+            self.lease_renewals_per_second,
+            self.driving,
+            self.sigterm_exit_seconds
+        )
+    }
+}
+
 /// The inflight and recovery workloads.
 pub(super) async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResult, Error> {
     idem::transport::install_crypto_provider();
@@ -115,6 +146,7 @@ pub(super) async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResu
             }
         }
     }
+    let created = started.elapsed();
     most = most.max(store.count(None, &ACTIVE).await?);
     let mut result = BenchResult {
         workload: format!("{:?}", config.workload).to_lowercase(),
@@ -140,16 +172,40 @@ pub(super) async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResu
         }
         result.recovery_seconds = Some(restart.elapsed().as_secs_f64());
         result.in_flight = Some(unfinished);
+        result.coordinator_peak_rss_mb = coordinator.peak_rss_mb();
+        coordinator.stop().await;
     } else {
-        while store.count(None, &ACTIVE).await? > 0 {
+        // Watched for a while with everything in flight, then stopped with it all still
+        // there: the drain itself takes as long as the calls (each `--participant-delay-ms`)
+        // and the call slots make it.
+        let renewals = "idem_lease_renewals_total";
+        let renewed_before = coordinator.counter(&http, renewals).await?;
+        let unfinished_before = store.count(None, &ACTIVE).await?;
+        let watch = Instant::now();
+        while watch.elapsed() < config.observe {
+            tokio::time::sleep(Duration::from_millis(500)).await;
             most = most.max(store.count(None, &ACTIVE).await?);
-            tokio::time::sleep(Duration::from_millis(250)).await;
         }
+        let observed = watch.elapsed();
+        let renewed = coordinator.counter(&http, renewals).await? - renewed_before;
+        let driving = coordinator
+            .counter(&http, "idem_transactions_driving")
+            .await?;
+        let unfinished_after = store.count(None, &ACTIVE).await?;
         result.in_flight = Some(most);
+        result.coordinator_peak_rss_mb = coordinator.peak_rss_mb();
+        let exit = coordinator.terminate(Duration::from_secs(120)).await?;
+        result.scale = Some(ScaleFigures {
+            create_seconds: created.as_secs_f64(),
+            observed_seconds: observed.as_secs_f64(),
+            finished_while_observed: unfinished_before.saturating_sub(unfinished_after),
+            lease_renewals_per_second: renewed as f64 / observed.as_secs_f64(),
+            driving,
+            sigterm_exit_seconds: exit.as_secs_f64(),
+        });
     }
     result.seconds = started.elapsed().as_secs_f64();
     result.per_second = config.inflight as f64 / result.seconds;
-    result.coordinator_peak_rss_mb = coordinator.peak_rss_mb();
     let failed = store
         .count(
             None,
@@ -157,7 +213,6 @@ pub(super) async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResu
         )
         .await?;
     result.failures = failed;
-    coordinator.stop().await;
     let _ = participant.stop().await;
     drop(store);
     dbs.drop().await;

@@ -76,6 +76,8 @@ pub struct BenchConfig {
     pub participant_delay: Duration,
     /// Soak: sagas started per second.
     pub rate: f64,
+    /// Inflight: how long to watch the coordinator once every transaction is created.
+    pub observe: Duration,
 }
 
 /// SQL per global transaction, counted.
@@ -123,6 +125,8 @@ pub struct BenchResult {
     pub share_of_limit: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub soak: Option<SoakFigures>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale: Option<inflight::ScaleFigures>,
     /// Where the time went inside the coordinator during the measured window.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phases: Vec<phases::Phase>,
@@ -151,6 +155,9 @@ impl BenchResult {
                     "  {n} unfinished at the SIGKILL; all finished {s:.1} s after the restart\n"
                 )),
                 None => out.push_str(&format!("  at most {n} transactions in flight at once\n")),
+            }
+            if let Some(scale) = &self.scale {
+                out.push_str(&scale.table());
             }
             return out;
         }

@@ -38,6 +38,10 @@ pub struct BenchArgs {
     /// slow one takes, in ms.
     #[arg(long, default_value_t = 2_000)]
     pub participant_delay_ms: u64,
+    /// Inflight workload: seconds to watch the coordinator once every transaction is
+    /// created (then it gets SIGTERM, with everything still in flight).
+    #[arg(long, default_value_t = 20)]
+    pub observe: u64,
     /// Soak workload: sagas started per second (an open load: they start on time whether
     /// or not the earlier ones are done).
     #[arg(long, default_value_t = 100.0)]
@@ -97,6 +101,7 @@ pub(super) async fn bench(mut args: BenchArgs) -> Result<(), BoxError> {
         limit_root: args.limit.then(std::env::current_dir).transpose()?,
         participant_delay: Duration::from_millis(args.participant_delay_ms),
         rate: args.rate,
+        observe: Duration::from_secs(args.observe),
     };
     let result = crate::bench::run(&config).await?;
     print!("{}", result.table());

@@ -49,6 +49,7 @@ static BATCH: LazyLock<String> = LazyLock::new(|| {
     let attempts = arrays(&[
         "varchar", "varchar", "varchar", "int", "bigint", "bigint", "varchar", "text",
     ]);
+    let leases = arrays(&["varchar", "varchar", "bigint"]);
     let sql = format!(
         "WITH ci AS (\
            INSERT INTO idem_global ({GLOBAL_COLUMNS}) \
@@ -85,8 +86,13 @@ static BATCH: LazyLock<String> = LazyLock::new(|| {
            INSERT INTO idem_attempt (gid, branch_id, action, attempt, started_at, duration_ms, outcome, detail) \
            SELECT v.* FROM unnest({attempts}) AS v(gid, branch_id, action, attempt, started_at, \
              duration_ms, outcome, detail) \
-           WHERE v.gid IN (SELECT gid FROM su)) \
-         SELECT gid FROM ci UNION ALL SELECT gid FROM su"
+           WHERE v.gid IN (SELECT gid FROM su)), \
+         sr AS (\
+           UPDATE idem_global t SET lease_until = v.until \
+           FROM unnest({leases}) AS v(gid, token, until) \
+           WHERE t.gid = v.gid AND t.owner_token = v.token \
+           RETURNING t.gid) \
+         SELECT gid FROM ci UNION ALL SELECT gid FROM su UNION ALL SELECT gid FROM sr"
     );
     Backend::Postgres.rewrite(&sql)
 });
@@ -104,12 +110,13 @@ macro_rules! column {
 /// Writes `works` in one statement; results in their order.
 pub(super) async fn write(store: &SqlStore<Postgres>, works: &[Work]) -> Result<Vec<JobResult>> {
     let rows = BatchRows::of(works)?;
-    let (c, b, s, u, a) = (
+    let (c, b, s, u, a, l) = (
         &rows.created,
         &rows.new_branches,
         &rows.changed,
         &rows.changed_branches,
         &rows.attempts,
+        &rows.leases,
     );
     let options: Vec<&str> = c.iter().map(|r| r.options.as_str()).collect();
     let versions = vec![0i64; c.len()];
@@ -178,7 +185,10 @@ pub(super) async fn write(store: &SqlStore<Postgres>, works: &[Work]) -> Result<
         .bind(column!(a, started_at))
         .bind(column!(a, duration_ms))
         .bind(column!(a, outcome))
-        .bind(column!(a, detail));
+        .bind(column!(a, detail))
+        .bind(column!(l, gid))
+        .bind(column!(l, token))
+        .bind(column!(l, until));
     let lean = store
         .lean
         .as_ref()

@@ -117,6 +117,14 @@ pub struct NewAttempt<'a> {
     pub detail: Option<&'a str>,
 }
 
+/// A lease renewed (or released) by its owner.
+#[derive(Serialize)]
+pub struct LeaseChange<'a> {
+    pub gid: &'a str,
+    pub token: &'a str,
+    pub until: i64,
+}
+
 /// The rows of one batch. The branch and attempt rows of a create or save are written
 /// only if its global row was (inserted, or matched its guard).
 #[derive(Default)]
@@ -126,6 +134,7 @@ pub struct BatchRows<'a> {
     pub changed: Vec<GlobalChange<'a>>,
     pub changed_branches: Vec<BranchChange<'a>>,
     pub attempts: Vec<NewAttempt<'a>>,
+    pub leases: Vec<LeaseChange<'a>>,
 }
 
 impl<'a> BatchRows<'a> {
@@ -135,6 +144,11 @@ impl<'a> BatchRows<'a> {
             match work {
                 Work::Create(create) => rows.push_create(create)?,
                 Work::Save(save) => rows.push_save(save.borrow()),
+                Work::Renew(r) => rows.leases.push(LeaseChange {
+                    gid: &r.gid,
+                    token: &r.token,
+                    until: r.until,
+                }),
             }
         }
         Ok(rows)

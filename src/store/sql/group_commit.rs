@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use crate::core::Transaction;
+use crate::core::{Millis, Transaction};
 use crate::store::{AttemptRecord, Guard, Lease, Result, Save, Saved, StoreError};
 
 /// Writes per shared commit, at most.
@@ -164,7 +164,30 @@ pub(super) async fn create(
     }));
     match submit(queue, work).await? {
         JobResult::Created(inserted) => Ok(inserted),
-        JobResult::Saved(_) => Err(StoreError::Batch("a create answered as a save".into())),
+        _ => Err(StoreError::Batch(
+            "a create answered as another write".into(),
+        )),
+    }
+}
+
+/// Queues a lease renewal (or, with `until` now, a release) and waits for the writer's
+/// answer: false if `token` no longer owns the row.
+pub(super) async fn renew(
+    queue: &mpsc::Sender<Job>,
+    gid: &str,
+    token: &str,
+    until: Millis,
+) -> Result<bool> {
+    let work = Work::Renew(Arc::new(Renewal {
+        gid: gid.to_owned(),
+        token: token.to_owned(),
+        until,
+    }));
+    match submit(queue, work).await? {
+        JobResult::Renewed(renewed) => Ok(renewed),
+        _ => Err(StoreError::Batch(
+            "a renewal answered as another write".into(),
+        )),
     }
 }
 
@@ -173,7 +196,7 @@ pub(super) async fn save(queue: &mpsc::Sender<Job>, save: &Save<'_>) -> Result<S
     let work = Work::Save(Arc::new(OwnedSave::of(save)));
     match submit(queue, work).await? {
         JobResult::Saved(saved) => Ok(saved),
-        JobResult::Created(_) => Err(StoreError::Batch("a save answered as a create".into())),
+        _ => Err(StoreError::Batch("a save answered as another write".into())),
     }
 }
 
@@ -181,6 +204,7 @@ async fn submit(queue: &mpsc::Sender<Job>, work: Work) -> Result<JobResult> {
     let op = match work {
         Work::Create(_) => "create",
         Work::Save(_) => "save",
+        Work::Renew(_) => "renew",
     };
     let (reply, answer) = oneshot::channel();
     let queued = Instant::now();
@@ -218,6 +242,7 @@ impl Reply {
 pub enum Work {
     Create(Arc<OwnedCreate>),
     Save(Arc<OwnedSave>),
+    Renew(Arc<Renewal>),
 }
 
 impl Work {
@@ -226,6 +251,7 @@ impl Work {
         match self {
             Work::Create(c) => &c.tx.gid,
             Work::Save(s) => &s.after.gid,
+            Work::Renew(r) => &r.gid,
         }
     }
 }
@@ -240,6 +266,7 @@ pub(in crate::store) fn results(works: &[Work], written: &HashSet<String>) -> Ve
             match work {
                 Work::Create(_) => JobResult::Created(matched),
                 Work::Save(_) => JobResult::Saved(if matched { Saved::Saved } else { Saved::Lost }),
+                Work::Renew(_) => JobResult::Renewed(matched),
             }
         })
         .collect()
@@ -249,6 +276,14 @@ pub(in crate::store) fn results(works: &[Work], written: &HashSet<String>) -> Ve
 pub enum JobResult {
     Created(bool),
     Saved(Saved),
+    Renewed(bool),
+}
+
+/// A lease renewal: the row's lease runs to `until` if `token` still owns it.
+pub struct Renewal {
+    pub gid: String,
+    pub token: String,
+    pub until: Millis,
 }
 
 /// A create that owns its data, to cross into a writer task.

@@ -277,6 +277,9 @@ where
     }
 
     async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool> {
+        if let Some(queue) = self.batch.get() {
+            return group_commit::renew(queue, gid, token, until).await;
+        }
         let done = q::<DB>(&self.sql.renew)
             .bind(until)
             .bind(gid)

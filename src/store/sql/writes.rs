@@ -204,6 +204,15 @@ where
                     let groups = branch_groups(save.before, save.after);
                     JobResult::Saved(self.save_in(db.conn(), &save, &groups).await?)
                 }
+                Work::Renew(r) => {
+                    let done = q::<DB>(&self.sql.renew)
+                        .bind(r.until)
+                        .bind(r.gid.as_str())
+                        .bind(r.token.as_str())
+                        .execute(&mut *db.conn())
+                        .await?;
+                    JobResult::Renewed(DB::rows_affected(&done) == 1)
+                }
             });
         }
         db.end(true).await?;

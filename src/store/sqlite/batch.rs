@@ -137,6 +137,16 @@ static INSERT_ATTEMPTS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+static RENEW_LEASES: LazyLock<String> = LazyLock::new(|| {
+    let v = fields(&["gid", "token", "until"]);
+    format!(
+        "UPDATE idem_global SET lease_until = v.until \
+         FROM (SELECT {v} FROM jsonb_each(?)) AS v \
+         WHERE idem_global.gid = v.gid AND idem_global.owner_token = v.token \
+         RETURNING idem_global.gid"
+    )
+});
+
 fn json<T: Serialize>(rows: &[T]) -> Result<String> {
     serde_json::to_string(rows).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
@@ -195,7 +205,9 @@ pub(super) async fn write(store: &SqlStore<Sqlite>, works: &[Work]) -> Result<Ve
         .filter(|a| saved.contains(a.gid))
         .collect();
     run(&mut db, &INSERT_ATTEMPTS, &attempts, false).await?;
+    let renewed = run(&mut db, &RENEW_LEASES, &rows.leases, true).await?;
     db.commit().await?;
     written.extend(saved);
+    written.extend(renewed);
     Ok(results(works, &written))
 }
