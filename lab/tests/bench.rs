@@ -23,6 +23,7 @@ async fn a_short_soak_accounts_for_every_saga_and_samples_memory() {
         participant_delay: Duration::from_millis(300),
         rate: 40.0,
         observe: Duration::from_secs(1),
+        coordinators: 1,
     };
     let result = run(&config).await.expect("soak runs");
     let soak = result.soak.as_ref().expect("soak figures");

@@ -22,6 +22,18 @@ impl Coordinator {
         count_sql: bool,
         extra: &[String],
     ) -> Result<Coordinator, Error> {
+        Coordinator::start_named(bin, db, count_sql, extra, "bench").await
+    }
+
+    /// [`Coordinator::start`] under a node name of its own: coordinators sharing a
+    /// database must not share one (a start releases its node's leases).
+    pub async fn start_named(
+        bin: &PathBuf,
+        db: &str,
+        count_sql: bool,
+        extra: &[String],
+        node: &str,
+    ) -> Result<Coordinator, Error> {
         use tokio::io::AsyncBufReadExt;
         let mut child = tokio::process::Command::new(bin)
             .args([
@@ -31,7 +43,7 @@ impl Coordinator {
                 "--listen",
                 "127.0.0.1:0",
                 "--node",
-                "bench",
+                node,
             ])
             .args(extra)
             .env("RUST_LOG", "warn")

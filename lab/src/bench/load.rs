@@ -113,9 +113,10 @@ fn expect_succeeded(tx: &TxView) -> Result<(), Error> {
     }
 }
 
-/// Runs `clients` clients for `duration` (after `warmup`); returns latencies (µs) and failures.
+/// Runs `clients` clients for `duration` (after `warmup`), client `c` on coordinator
+/// `c % coordinators.len()`; returns latencies (µs) and failures.
 pub(super) async fn drive(
-    client: Arc<Client>,
+    coordinators: Vec<Arc<Client>>,
     clients: usize,
     warmup: Duration,
     duration: Duration,
@@ -127,7 +128,7 @@ pub(super) async fn drive(
     let end = measure_from + duration;
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let client = Arc::clone(&client);
+        let client = Arc::clone(&coordinators[c % coordinators.len()]);
         let bar = bar.clone();
         let run = run.to_owned();
         tasks.push(tokio::spawn(async move {

@@ -23,9 +23,11 @@ mod inflight;
 pub mod limit;
 mod load;
 pub mod phases;
+mod result;
 mod soak;
 
 pub use coordinator::Coordinator;
+pub use result::{BenchResult, SqlPerTx, medians};
 pub use soak::SoakFigures;
 
 use inflight::run_many_in_flight;
@@ -78,137 +80,9 @@ pub struct BenchConfig {
     pub rate: f64,
     /// Inflight: how long to watch the coordinator once every transaction is created.
     pub observe: Duration,
-}
-
-/// SQL per global transaction, counted.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
-pub struct SqlPerTx {
-    pub statements: f64,
-    pub reads: f64,
-    pub writes: f64,
-    pub commits: f64,
-    pub coordinator_statements: f64,
-    pub coordinator_commits: f64,
-    pub participant_statements: f64,
-    pub participant_commits: f64,
-    /// PostgreSQL's own count of committed transactions (`pg_stat_database.xact_commit`),
-    /// which includes single statements committed on their own.
-    pub server_commits: Option<f64>,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct BenchResult {
-    pub workload: String,
-    pub backend: String,
-    pub clients: usize,
-    pub seconds: f64,
-    pub transactions: u64,
-    pub per_second: f64,
-    pub p50_ms: f64,
-    pub p95_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    pub failures: u64,
-    pub sql: Option<SqlPerTx>,
-    pub coordinator_peak_rss_mb: f64,
-    pub coordinator_cpu_seconds: f64,
-    /// Inflight: most transactions unfinished at once; recovery: how many were resumed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub in_flight: Option<u64>,
-    /// Recovery: seconds from the restart until every transaction was finished.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub recovery_seconds: Option<f64>,
-    /// The limit script's rate with the same clients, and idem's share of it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub limit_per_second: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub share_of_limit: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub soak: Option<SoakFigures>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub scale: Option<inflight::ScaleFigures>,
-    /// Where the time went inside the coordinator during the measured window.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub phases: Vec<phases::Phase>,
-    /// Transactions the timed coordinator's retention deleted during the run.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retention_deleted: Option<u64>,
-}
-
-impl BenchResult {
-    pub fn table(&self) -> String {
-        if let Some(soak) = &self.soak {
-            return soak.table(self);
-        }
-        if let Some(n) = self.in_flight {
-            let mut out = format!(
-                "workload {} on {}: {} transactions, {} failed, {:.1} s\n  coordinator peak RSS {:.1} MB\n",
-                self.workload,
-                self.backend,
-                self.transactions,
-                self.failures,
-                self.seconds,
-                self.coordinator_peak_rss_mb
-            );
-            match self.recovery_seconds {
-                Some(s) => out.push_str(&format!(
-                    "  {n} unfinished at the SIGKILL; all finished {s:.1} s after the restart\n"
-                )),
-                None => out.push_str(&format!("  at most {n} transactions in flight at once\n")),
-            }
-            if let Some(scale) = &self.scale {
-                out.push_str(&scale.table());
-            }
-            return out;
-        }
-        let mut out = format!(
-            "workload {} on {}, {} clients, {:.1} s\n  global transactions/s: {:.0}  ({} done, {} failed)\n  latency ms: p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}\n  coordinator: peak RSS {:.1} MB, CPU {:.2} ms per transaction\n",
-            self.workload,
-            self.backend,
-            self.clients,
-            self.seconds,
-            self.per_second,
-            self.transactions,
-            self.failures,
-            self.p50_ms,
-            self.p95_ms,
-            self.p99_ms,
-            self.max_ms,
-            self.coordinator_peak_rss_mb,
-            1_000.0 * self.coordinator_cpu_seconds / self.transactions.max(1) as f64,
-        );
-        if let (Some(limit), Some(share)) = (self.limit_per_second, self.share_of_limit) {
-            out.push_str(&format!(
-                "  limit (the same SQL and commits, same clients, database alone): {limit:.0}/s; idem reaches {:.0} %\n",
-                share * 100.0
-            ));
-        }
-        if let Some(sql) = &self.sql {
-            out.push_str(&format!(
-                "  SQL per transaction (counted): {:.2} statements ({:.2} reads, {:.2} writes), {:.2} explicit COMMITs{}\n    coordinator {:.2} statements / {:.2} COMMITs; participants {:.2} / {:.2}\n",
-                sql.statements,
-                sql.reads,
-                sql.writes,
-                sql.commits,
-                sql.server_commits
-                    .map(|c| format!(", {c:.2} commits counted by PostgreSQL"))
-                    .unwrap_or_default(),
-                sql.coordinator_statements,
-                sql.coordinator_commits,
-                sql.participant_statements,
-                sql.participant_commits
-            ));
-        }
-        if !self.phases.is_empty() {
-            out.push_str(&phases::table(&self.phases));
-        }
-        if let Some(n) = self.retention_deleted.filter(|n| *n > 0) {
-            out.push_str(&format!(
-                "  retention deleted {n} finished transactions during the run\n"
-            ));
-        }
-        out
-    }
+    /// Timed workloads: coordinator processes sharing the database, the clients spread
+    /// over them; CPU is their sum, the peak RSS the largest.
+    pub coordinators: usize,
 }
 
 /// Databases for one run: the coordinator's and the participants'.
@@ -379,20 +253,25 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         });
     }
 
-    // Pass 2: timed.
-    let coordinator = Coordinator::start(
-        &config.idem_bin,
-        &dbs.coordinator,
-        false,
-        &config.serve_args,
-    )
-    .await?;
-    let client = Arc::new(Client::new(
-        &coordinator.url,
-        &http,
-        &participants.urls,
-        config.workload,
-    )?);
+    // Pass 2: timed, with the clients spread over `coordinators` processes sharing the
+    // database.
+    let mut coordinators = Vec::new();
+    for i in 0..config.coordinators.max(1) {
+        coordinators.push(
+            Coordinator::start_named(
+                &config.idem_bin,
+                &dbs.coordinator,
+                false,
+                &config.serve_args,
+                &format!("bench-{i}"),
+            )
+            .await?,
+        );
+    }
+    let clients = coordinators
+        .iter()
+        .map(|c| Client::new(&c.url, &http, &participants.urls, config.workload).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
     let bar = config.progress.then(|| {
         let total = (config.warmup + config.duration).as_secs();
         let bar = indicatif::ProgressBar::new(total);
@@ -404,11 +283,12 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         bar.set_message(format!("{:?} on {}", config.workload, config.backend));
         bar
     });
-    let cpu_before = coordinator.cpu_seconds();
-    // The coordinator's timing histograms as the measured window begins.
+    let cpu_of = |cs: &[Coordinator]| cs.iter().map(Coordinator::cpu_seconds).sum::<f64>();
+    let cpu_before = cpu_of(&coordinators);
+    // The first coordinator's timing histograms as the measured window begins.
     let window_start = {
         let (coordinator_url, http, warmup) =
-            (coordinator.url.clone(), http.clone(), config.warmup);
+            (coordinators[0].url.clone(), http.clone(), config.warmup);
         tokio::spawn(async move {
             tokio::time::sleep(warmup).await;
             idem_client(&coordinator_url, &http)?
@@ -418,7 +298,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         })
     };
     let (mut latencies, failures, measured) = drive(
-        client,
+        clients,
         config.clients,
         config.warmup,
         config.duration,
@@ -426,7 +306,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         bar.clone(),
     )
     .await;
-    let cpu = coordinator.cpu_seconds() - cpu_before;
+    let cpu = cpu_of(&coordinators) - cpu_before;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -434,16 +314,23 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     let phases = match window_start.await {
         Ok(Ok(before)) => phases::between(
             &before,
-            &coordinator.metrics(&http).await?,
-            latencies.len() as u64,
+            &coordinators[0].metrics(&http).await?,
+            latencies.len() as u64 / coordinators.len() as u64,
         ),
         _ => Vec::new(),
     };
+    let mut retention_deleted = None;
+    for c in &coordinators {
+        if let Some(n) = c.retention_deleted(&http).await? {
+            *retention_deleted.get_or_insert(0) += n;
+        }
+    }
     let result = BenchResult {
         phases,
         workload: format!("{:?}", config.workload).to_lowercase(),
         backend: config.backend.clone(),
         clients: config.clients,
+        coordinators: coordinators.len(),
         seconds: measured.as_secs_f64(),
         transactions: latencies.len() as u64,
         per_second: latencies.len() as f64 / measured.as_secs_f64(),
@@ -453,14 +340,19 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         max_ms: latencies.last().map_or(0.0, |m| *m as f64 / 1_000.0),
         failures,
         sql,
-        coordinator_peak_rss_mb: coordinator.peak_rss_mb(),
+        coordinator_peak_rss_mb: coordinators
+            .iter()
+            .map(Coordinator::peak_rss_mb)
+            .fold(0.0, f64::max),
         // CPU over warm-up and measurement, scaled to the measured share.
         coordinator_cpu_seconds: cpu * measured.as_secs_f64()
             / (config.warmup + config.duration).as_secs_f64(),
-        retention_deleted: coordinator.retention_deleted(&http).await?,
+        retention_deleted,
         ..BenchResult::default()
     };
-    coordinator.stop().await;
+    for c in coordinators {
+        c.stop().await;
+    }
     participants.stop().await;
     dbs.drop().await;
     let mut result = result;

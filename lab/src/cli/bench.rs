@@ -42,6 +42,15 @@ pub struct BenchArgs {
     /// created (then it gets SIGTERM, with everything still in flight).
     #[arg(long, default_value_t = 20)]
     pub observe: u64,
+    /// Timed workloads: coordinator processes sharing the database (the clients are spread
+    /// over them).
+    #[arg(long, default_value_t = 1)]
+    pub coordinators: usize,
+    /// Run the whole benchmark this many times (fresh databases each time) and print the
+    /// medians: the machine's speed swings from one run to the next, and a ratio to the
+    /// limit is read best from rounds that alternate idem and the limit.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     /// Soak workload: sagas started per second (an open load: they start on time whether
     /// or not the earlier ones are done).
     #[arg(long, default_value_t = 100.0)]
@@ -102,11 +111,26 @@ pub(super) async fn bench(mut args: BenchArgs) -> Result<(), BoxError> {
         participant_delay: Duration::from_millis(args.participant_delay_ms),
         rate: args.rate,
         observe: Duration::from_secs(args.observe),
+        coordinators: args.coordinators.max(1),
     };
-    let result = crate::bench::run(&config).await?;
-    print!("{}", result.table());
+    let mut results = Vec::new();
+    for round in 1..=args.rounds.max(1) {
+        let result = crate::bench::run(&config).await?;
+        if args.rounds > 1 {
+            println!("round {round} of {}:", args.rounds);
+        }
+        print!("{}", result.table());
+        results.push(result);
+    }
+    if results.len() > 1 {
+        print!("{}", crate::bench::medians(&results));
+    }
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&result)?)?;
+        let json = match results.as_slice() {
+            [one] => serde_json::to_string_pretty(one)?,
+            all => serde_json::to_string_pretty(all)?,
+        };
+        std::fs::write(path, json)?;
         println!("wrote {}", path.display());
     }
     Ok(())
