@@ -90,6 +90,93 @@ async fn create_load_and_idempotent_create() {
     common::cleanup(dbs).await;
 }
 
+/// Concurrent creates share batches; a batch holding a gid that is taken must still insert
+/// the others (on MySQL the batch's one INSERT fails on the duplicate and is redone one by
+/// one), and concurrent saves and renewals each learn their own outcome.
+#[tokio::test]
+async fn batched_writes_each_get_their_own_outcome() {
+    let dbs = common::stores("batched_writes_outcomes").await;
+    for (db, store) in &dbs {
+        let b = db.backend;
+        let taken = saga("taken");
+        assert_eq!(
+            store.create(&taken, "h", None).await.unwrap(),
+            Created::Inserted
+        );
+        let creates = (0..20).map(|i| {
+            let store = Arc::clone(store);
+            async move {
+                let tx = if i == 7 {
+                    saga("taken")
+                } else {
+                    saga(&format!("new-{i:02}"))
+                };
+                (tx.gid.clone(), store.create(&tx, "h", None).await.unwrap())
+            }
+        });
+        for (gid, created) in futures::future::join_all(creates).await {
+            match gid.as_str() {
+                "taken" => assert!(matches!(created, Created::Exists(_)), "{b}: {created:?}"),
+                _ => {
+                    assert_eq!(created, Created::Inserted, "{b}: {gid}");
+                    let stored = store.load(&gid).await.unwrap().expect("inserted");
+                    assert_eq!(stored.tx.branches.len(), 4, "{b}: {gid}");
+                }
+            }
+        }
+        // Saves racing with the same guard: one of each pair wins; renewals of a token
+        // that owns the row succeed, of one that does not fail.
+        let owned = lease("owner", T0 + 1_000);
+        let mut rows = Vec::new();
+        for i in 0..10 {
+            let tx = saga(&format!("race-{i}"));
+            store.create(&tx, "h", Some(&owned)).await.unwrap();
+            rows.push(tx);
+        }
+        let saves = rows.iter().flat_map(|tx| {
+            (0..2).map(move |n| {
+                let store = Arc::clone(store);
+                let mut after = tx.clone();
+                after.status = if n == 0 {
+                    Status::Succeeded
+                } else {
+                    Status::Failed
+                };
+                let before = tx.clone();
+                async move {
+                    let save = Save {
+                        before: &before,
+                        after: &after,
+                        guard: Guard::Version(0),
+                        lease: None,
+                        attempts: &[],
+                    };
+                    store.save(save).await.unwrap()
+                }
+            })
+        });
+        let outcomes = futures::future::join_all(saves).await;
+        for pair in outcomes.chunks(2) {
+            let won = pair.iter().filter(|s| **s == Saved::Saved).count();
+            assert_eq!(won, 1, "{b}: {outcomes:?}");
+        }
+        let mine = lease("mine", T0 + 1_000);
+        store
+            .create(&saga("leased"), "h", Some(&mine))
+            .await
+            .unwrap();
+        let (ok, refused) = futures::future::join(
+            store.renew("leased", "mine", T0 + 9_000),
+            store.renew("leased-nope", "mine", T0 + 9_000),
+        )
+        .await;
+        assert_eq!((ok.unwrap(), refused.unwrap()), (true, false), "{b}");
+        let leased = store.load("leased").await.unwrap().unwrap();
+        assert_eq!(leased.lease_until, Some(T0 + 9_000), "{b}");
+    }
+    common::cleanup(dbs).await;
+}
+
 #[tokio::test]
 async fn register_is_atomic_with_the_prepared_status() {
     let dbs = common::stores("register_is_atomic_with_the_prepared_status").await;

@@ -122,7 +122,9 @@ impl<DB: StoreDatabase> SqlStore<DB> {
     }
 }
 
-fn q<DB: Database>(sql: &Arc<str>) -> sqlx::query::Query<'static, DB, DB::Arguments> {
+pub(in crate::store) fn q<DB: Database>(
+    sql: &Arc<str>,
+) -> sqlx::query::Query<'static, DB, DB::Arguments> {
     sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
 }
 
@@ -150,7 +152,7 @@ where
     query
 }
 
-fn is_unique_violation(e: &sqlx::Error) -> bool {
+pub(in crate::store) fn is_unique_violation(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .is_some_and(|d| d.is_unique_violation())
 }

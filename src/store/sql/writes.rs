@@ -59,7 +59,7 @@ pub fn branch_groups<'a>(before: &Transaction, after: &'a Transaction) -> Vec<Br
 
 /// A write transaction of a create or a save: on a lean connection when the store has a
 /// lean pool (no release round trip), else on sqlx's pool.
-pub(super) enum WriteTx<DB: Database> {
+pub(in crate::store) enum WriteTx<DB: Database> {
     Pooled(sqlx::Transaction<'static, DB>),
     Lean(Leased<DB>),
 }
@@ -68,7 +68,7 @@ impl<DB: StoreDatabase> WriteTx<DB>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    pub(super) fn conn(&mut self) -> &mut DB::Connection {
+    pub(in crate::store) fn conn(&mut self) -> &mut DB::Connection {
         match self {
             WriteTx::Pooled(tx) => tx,
             WriteTx::Lean(conn) => conn,
@@ -76,7 +76,7 @@ where
     }
 
     /// Commits (`true`) or rolls back.
-    pub(super) async fn end(self, commit: bool) -> sqlx::Result<()> {
+    pub(in crate::store) async fn end(self, commit: bool) -> sqlx::Result<()> {
         match self {
             WriteTx::Pooled(tx) if commit => tx.commit().await,
             WriteTx::Pooled(tx) => tx.rollback().await,
@@ -95,7 +95,7 @@ impl<DB: StoreDatabase> SqlStore<DB>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    pub(super) async fn begin_write(&self) -> sqlx::Result<WriteTx<DB>> {
+    pub(in crate::store) async fn begin_write(&self) -> sqlx::Result<WriteTx<DB>> {
         match &self.lean {
             Some(lean) => {
                 let mut conn = lean.get().await?;
@@ -122,7 +122,7 @@ where
 {
     /// Inserts a new transaction with its branches inside `conn`'s transaction; false if
     /// the gid is taken (nothing written).
-    pub(super) async fn create_in(
+    pub(in crate::store) async fn create_in(
         &self,
         conn: &mut DB::Connection,
         tx: &Transaction,
@@ -236,7 +236,7 @@ where
     }
 
     /// The conditional UPDATE of the global row for a save.
-    pub(super) fn update_global<'s>(
+    pub(in crate::store) fn update_global<'s>(
         &'s self,
         save: &'s Save<'s>,
     ) -> sqlx::query::Query<'static, DB, DB::Arguments> {

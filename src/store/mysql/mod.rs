@@ -1,5 +1,7 @@
 //! MySQL and MariaDB.
 
+mod batch;
+
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -10,6 +12,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
 use sqlx::{Executor, MySql, Pool};
 
 use super::pools::{self, Suspicion};
+use super::sql::group_commit::{JobResult, Work};
 use super::sql::{ACTIVE_STATUSES, ClaimedRow, SqlStore, StoreDatabase, take_over};
 use super::{ConnectOptions, Lease, Result};
 use crate::core::Millis;
@@ -34,6 +37,13 @@ impl StoreDatabase for MySql {
 
     fn rows_affected(result: &MySqlQueryResult) -> u64 {
         result.rows_affected()
+    }
+
+    fn write_batch_natively<'a>(
+        store: &'a SqlStore<Self>,
+        works: &'a [Work],
+    ) -> Option<BoxFuture<'a, Result<Vec<JobResult>>>> {
+        Some(batch::write(store, works).boxed())
     }
 
     fn claim<'a>(
