@@ -178,8 +178,9 @@ async fn run<T: Serialize>(
 /// Writes `works` in one transaction; results in their order.
 pub(super) async fn write(store: &SqlStore<Sqlite>, works: &[Work]) -> Result<Vec<JobResult>> {
     let rows = BatchRows::of(works)?;
-    let mut db = idem_sql::Backend::Sqlite.begin(&store.pool).await?;
-    let mut written: HashSet<String> = run(&mut db, &INSERT_GLOBALS, &rows.created, true)
+    let mut tx = store.begin_write().await?;
+    let db = tx.conn();
+    let mut written: HashSet<String> = run(db, &INSERT_GLOBALS, &rows.created, true)
         .await?
         .into_iter()
         .collect();
@@ -188,8 +189,8 @@ pub(super) async fn write(store: &SqlStore<Sqlite>, works: &[Work]) -> Result<Ve
         .iter()
         .filter(|b| written.contains(b.gid))
         .collect();
-    run(&mut db, &INSERT_BRANCHES, &new_branches, false).await?;
-    let saved: HashSet<String> = run(&mut db, &UPDATE_GLOBALS, &rows.changed, true)
+    run(db, &INSERT_BRANCHES, &new_branches, false).await?;
+    let saved: HashSet<String> = run(db, &UPDATE_GLOBALS, &rows.changed, true)
         .await?
         .into_iter()
         .collect();
@@ -198,15 +199,15 @@ pub(super) async fn write(store: &SqlStore<Sqlite>, works: &[Work]) -> Result<Ve
         .iter()
         .filter(|b| saved.contains(b.gid))
         .collect();
-    run(&mut db, &UPDATE_BRANCHES, &changed, false).await?;
+    run(db, &UPDATE_BRANCHES, &changed, false).await?;
     let attempts: Vec<_> = rows
         .attempts
         .iter()
         .filter(|a| saved.contains(a.gid))
         .collect();
-    run(&mut db, &INSERT_ATTEMPTS, &attempts, false).await?;
-    let renewed = run(&mut db, &RENEW_LEASES, &rows.leases, true).await?;
-    db.commit().await?;
+    run(db, &INSERT_ATTEMPTS, &attempts, false).await?;
+    let renewed = run(db, &RENEW_LEASES, &rows.leases, true).await?;
+    tx.end(true).await?;
     written.extend(saved);
     written.extend(renewed);
     Ok(results(works, &written))

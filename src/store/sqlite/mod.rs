@@ -102,7 +102,10 @@ async fn open(url: &str, options: &ConnectOptions, create: bool) -> Result<SqlSt
         } else {
             SqliteSynchronous::Normal
         })
-        .busy_timeout(Duration::from_secs(10));
+        .busy_timeout(Duration::from_secs(10))
+        // A batch's `UPDATE ... FROM` materialises its rows in a temporary table, which
+        // SQLite otherwise backs with a file made and unlinked for each batch.
+        .pragma("temp_store", "memory");
     if create {
         connect = connect.journal_mode(SqliteJournalMode::Wal);
     }
@@ -114,8 +117,20 @@ async fn open(url: &str, options: &ConnectOptions, create: bool) -> Result<SqlSt
     // The file exists now. A connection opened later must not create it again: removed
     // while idem runs, it would come back empty, without the schema, beside connections
     // still writing to the removed one.
-    pool.set_connect_options(connect.create_if_missing(false));
+    let connect = connect.create_if_missing(false);
+    pool.set_connect_options(connect.clone());
     let mut store = SqlStore::new(pool);
+    // The writer's own connection: SQLite has one writer at a time anyway, and on one
+    // connection its page cache stays warm (spread over the pool's, every batch found the
+    // pages it changed last time in another connection's cache and read them again).
+    store.lean = Some(idem_sql::LeanPool::with_options(
+        connect,
+        idem_sql::LeanPoolOptions {
+            max_connections: 1,
+            max_lifetime: None,
+            ..idem_sql::LeanPoolOptions::default()
+        },
+    ));
     if let Some(file) = main_file(&store.pool).await? {
         let opened = FileId::of(&file)?;
         store.ready_check = Some(Box::new(move || opened.still_at(&file)));
