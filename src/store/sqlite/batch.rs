@@ -1,14 +1,15 @@
-//! A batch of queued creates and saves in one write transaction, one statement per table
-//! and kind of write: the rows go in as one JSON array each, which `jsonb_each` turns back
-//! into rows (`jsonb_each`: each row's object stays binary, not printed as text to be parsed
-//! again by `->>`). sqlx runs SQLite on a thread of its own and every statement is a round trip
-//! to it (a wake-up and a context switch each way); a statement or two per write cost the
-//! coordinator more than SQLite's own work. The texts do not depend on the batch's size,
-//! so each is prepared once per connection.
+//! A batch of queued creates, saves and lease renewals in one write transaction, sent to
+//! SQLite as one call. sqlx runs SQLite on a thread of its own, and every call is a round
+//! trip to it (a wake-up and a context switch each way): a statement or two per write
+//! cost the coordinator more than SQLite's own work. So the batch is one multi-statement
+//! text, prepared once per connection, whose numbered parameters are the batch's rows as
+//! JSON arrays (one per table and kind of write; `jsonb_each` turns each back into rows,
+//! and keeps each row's object binary for `->>`).
 //!
-//! A batch holds at most one write per transaction (the writers see to it), so the gids
-//! a statement returns say which creates inserted and which saves matched; the branch and
-//! attempt rows follow only for those.
+//! `BEGIN IMMEDIATE` takes SQLite's one write lock first, so nobody writes between the
+//! statements: which creates are new and which saves' guards match is decided by reading,
+//! into a temporary table, before anything is written, and every later statement writes
+//! only those. A batch holds at most one write per transaction (the writers see to it).
 
 use std::collections::HashSet;
 use std::sync::LazyLock;
@@ -21,6 +22,10 @@ use crate::store::sql::group_commit::{JobResult, Work, results};
 use crate::store::sql::{BRANCH_COLUMNS, GLOBAL_COLUMNS, SqlStore};
 use crate::store::{Result, StoreError};
 
+/// The table a batch records what it wrote in; one per connection, empty between batches.
+pub(super) const CREATE_WRITTEN: &str =
+    "CREATE TEMP TABLE IF NOT EXISTS idem_written (kind TEXT NOT NULL, gid TEXT NOT NULL)";
+
 /// The values of these keys of each object `jsonb_each` yields, in order.
 fn values(keys: &[&str]) -> String {
     keys.iter()
@@ -29,186 +34,175 @@ fn values(keys: &[&str]) -> String {
         .join(", ")
 }
 
-/// [`values`], each named after its key.
-fn fields(keys: &[&str]) -> String {
-    keys.iter()
+/// The rows of the JSON array `param`, one column per key.
+fn rows_of(param: &str, keys: &[&str]) -> String {
+    let named = keys
+        .iter()
         .map(|k| format!("value ->> '{k}' AS {k}"))
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(", ");
+    format!("(SELECT {named} FROM jsonb_each({param}))")
 }
 
 fn columns(list: &str) -> Vec<&str> {
     list.split(',').map(str::trim).collect()
 }
 
-/// Inserts the created global rows; returns the gids inserted. `WHERE true` keeps SQLite
-/// from reading `ON CONFLICT` as a join's constraint.
-static INSERT_GLOBALS: LazyLock<String> = LazyLock::new(|| {
-    let mut keys = columns(GLOBAL_COLUMNS);
-    keys.retain(|k| *k != "version");
-    format!(
-        "INSERT INTO idem_global ({cols}, version) SELECT {values}, 0 FROM jsonb_each(?) WHERE true \
-         ON CONFLICT DO NOTHING RETURNING gid",
-        cols = keys.join(", "),
-        values = values(&keys),
-    )
+const CHANGE_KEYS: &[&str] = &[
+    "gid",
+    "expected",
+    "guard_token",
+    "guard_version",
+    "status",
+    "stalled_from",
+    "attempts",
+    "next_attempt_at",
+    "last_error",
+    "reason",
+    "timeout_at",
+    "updated_at",
+    "finished_at",
+    "owner_token",
+    "lease_until",
+];
+
+const BRANCH_CHANGE_KEYS: &[&str] = &[
+    "gid",
+    "branch_id",
+    "action",
+    "status",
+    "attempts",
+    "next_attempt_at",
+    "last_error",
+    "in_progress_since",
+    "updated_at",
+    "finished_at",
+];
+
+const ATTEMPT_KEYS: &[&str] = &[
+    "gid",
+    "branch_id",
+    "action",
+    "attempt",
+    "started_at",
+    "duration_ms",
+    "outcome",
+    "detail",
+];
+
+/// The whole batch. Its parameters are plain `?`s, bound in the order they appear (see
+/// [`PARAMS`]): numbered ones (`?3`) leave the lower numbers as unnamed slots, which
+/// sqlx binds in order across the statements of one text and then runs out of. Its one
+/// result set is the gids written: creates inserted, saves matched, leases renewed.
+static BATCH: LazyLock<String> = LazyLock::new(|| {
+    let mut global = columns(GLOBAL_COLUMNS);
+    global.retain(|k| *k != "version");
+    let branch = columns(BRANCH_COLUMNS);
+    let written = |kind: &str| format!("(SELECT gid FROM idem_written WHERE kind = '{kind}')");
+    let (created, saved, renewed) = (written("c"), written("s"), written("r"));
+    [
+        "BEGIN IMMEDIATE".to_owned(),
+        format!(
+            "INSERT INTO idem_written (kind, gid) SELECT 'c', value ->> 'gid' FROM jsonb_each(?) \
+             WHERE NOT EXISTS (SELECT 1 FROM idem_global g WHERE g.gid = value ->> 'gid')"
+        ),
+        format!(
+            "INSERT INTO idem_global ({cols}, version) SELECT {vals}, 0 FROM jsonb_each(?) \
+             WHERE value ->> 'gid' IN {created}",
+            cols = global.join(", "),
+            vals = values(&global),
+        ),
+        format!(
+            "INSERT INTO idem_branch ({BRANCH_COLUMNS}) SELECT {} FROM jsonb_each(?) \
+             WHERE value ->> 'gid' IN {created}",
+            values(&branch)
+        ),
+        format!(
+            "INSERT INTO idem_written (kind, gid) SELECT 's', v.gid FROM {} AS v \
+             JOIN idem_global g ON g.gid = v.gid \
+             WHERE g.status = v.expected \
+               AND (g.owner_token = v.guard_token OR g.version = v.guard_version)",
+            rows_of("?", CHANGE_KEYS)
+        ),
+        format!(
+            "UPDATE idem_global SET status = v.status, stalled_from = v.stalled_from, \
+               attempts = v.attempts, next_attempt_at = v.next_attempt_at, \
+               last_error = v.last_error, reason = v.reason, timeout_at = v.timeout_at, \
+               updated_at = v.updated_at, finished_at = v.finished_at, \
+               owner_token = v.owner_token, lease_until = v.lease_until, \
+               version = idem_global.version + 1 \
+             FROM {} AS v WHERE idem_global.gid = v.gid AND v.gid IN {saved}",
+            rows_of("?", CHANGE_KEYS)
+        ),
+        format!(
+            "UPDATE idem_branch SET status = v.status, attempts = v.attempts, \
+               next_attempt_at = v.next_attempt_at, last_error = v.last_error, \
+               in_progress_since = v.in_progress_since, updated_at = v.updated_at, \
+               finished_at = v.finished_at \
+             FROM {} AS v \
+             WHERE idem_branch.gid = v.gid AND idem_branch.branch_id = v.branch_id \
+               AND idem_branch.action = v.action AND v.gid IN {saved}",
+            rows_of("?", BRANCH_CHANGE_KEYS)
+        ),
+        format!(
+            "INSERT INTO idem_attempt ({}) SELECT {} FROM jsonb_each(?) \
+             WHERE value ->> 'gid' IN {saved}",
+            ATTEMPT_KEYS.join(", "),
+            values(ATTEMPT_KEYS)
+        ),
+        format!(
+            "INSERT INTO idem_written (kind, gid) SELECT 'r', v.gid FROM {} AS v \
+             JOIN idem_global g ON g.gid = v.gid AND g.owner_token = v.token",
+            rows_of("?", &["gid", "token", "until"])
+        ),
+        format!(
+            "UPDATE idem_global SET lease_until = v.until FROM {} AS v \
+             WHERE idem_global.gid = v.gid AND v.gid IN {renewed}",
+            rows_of("?", &["gid", "token", "until"])
+        ),
+        "SELECT gid FROM idem_written".to_owned(),
+        "DELETE FROM idem_written".to_owned(),
+        "COMMIT".to_owned(),
+    ]
+    .join(";\n")
 });
 
-static INSERT_BRANCHES: LazyLock<String> = LazyLock::new(|| {
-    let keys = columns(BRANCH_COLUMNS);
-    format!(
-        "INSERT INTO idem_branch ({BRANCH_COLUMNS}) SELECT {} FROM jsonb_each(?)",
-        values(&keys)
-    )
-});
-
-/// The saves' conditional updates of their global rows; returns the gids that matched.
-static UPDATE_GLOBALS: LazyLock<String> = LazyLock::new(|| {
-    let v = fields(&[
-        "gid",
-        "expected",
-        "guard_token",
-        "guard_version",
-        "status",
-        "stalled_from",
-        "attempts",
-        "next_attempt_at",
-        "last_error",
-        "reason",
-        "timeout_at",
-        "updated_at",
-        "finished_at",
-        "owner_token",
-        "lease_until",
-    ]);
-    format!(
-        "UPDATE idem_global SET status = v.status, stalled_from = v.stalled_from, \
-           attempts = v.attempts, next_attempt_at = v.next_attempt_at, \
-           last_error = v.last_error, reason = v.reason, timeout_at = v.timeout_at, \
-           updated_at = v.updated_at, finished_at = v.finished_at, \
-           owner_token = v.owner_token, lease_until = v.lease_until, \
-           version = idem_global.version + 1 \
-         FROM (SELECT {v} FROM jsonb_each(?)) AS v \
-         WHERE idem_global.gid = v.gid AND idem_global.status = v.expected \
-           AND (idem_global.owner_token = v.guard_token OR idem_global.version = v.guard_version) \
-         RETURNING idem_global.gid"
-    )
-});
-
-static UPDATE_BRANCHES: LazyLock<String> = LazyLock::new(|| {
-    let v = fields(&[
-        "gid",
-        "branch_id",
-        "action",
-        "status",
-        "attempts",
-        "next_attempt_at",
-        "last_error",
-        "in_progress_since",
-        "updated_at",
-        "finished_at",
-    ]);
-    format!(
-        "UPDATE idem_branch SET status = v.status, attempts = v.attempts, \
-           next_attempt_at = v.next_attempt_at, last_error = v.last_error, \
-           in_progress_since = v.in_progress_since, updated_at = v.updated_at, \
-           finished_at = v.finished_at \
-         FROM (SELECT {v} FROM jsonb_each(?)) AS v \
-         WHERE idem_branch.gid = v.gid AND idem_branch.branch_id = v.branch_id \
-           AND idem_branch.action = v.action"
-    )
-});
-
-static INSERT_ATTEMPTS: LazyLock<String> = LazyLock::new(|| {
-    let keys = [
-        "gid",
-        "branch_id",
-        "action",
-        "attempt",
-        "started_at",
-        "duration_ms",
-        "outcome",
-        "detail",
-    ];
-    format!(
-        "INSERT INTO idem_attempt ({}) SELECT {} FROM jsonb_each(?)",
-        keys.join(", "),
-        values(&keys)
-    )
-});
-
-static RENEW_LEASES: LazyLock<String> = LazyLock::new(|| {
-    let v = fields(&["gid", "token", "until"]);
-    format!(
-        "UPDATE idem_global SET lease_until = v.until \
-         FROM (SELECT {v} FROM jsonb_each(?)) AS v \
-         WHERE idem_global.gid = v.gid AND idem_global.owner_token = v.token \
-         RETURNING idem_global.gid"
-    )
-});
+/// Which of the batch's JSON arrays each `?` of [`BATCH`] is, in order: 0 new global rows,
+/// 1 their branches, 2 saves' global changes, 3 their branch changes, 4 their attempts,
+/// 5 lease renewals.
+const PARAMS: [usize; 9] = [0, 0, 1, 2, 2, 3, 4, 5, 5];
 
 fn json<T: Serialize>(rows: &[T]) -> Result<String> {
     serde_json::to_string(rows).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
-/// Runs a statement with `rows` as its JSON array, unless there are none; returns the
-/// gids it returned.
-async fn run<T: Serialize>(
-    conn: &mut SqliteConnection,
-    sql: &'static LazyLock<String>,
-    rows: &[T],
-    returning: bool,
-) -> Result<Vec<String>> {
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    let query = sqlx::AssertSqlSafe(sql.as_str());
-    let rows = json(rows)?;
-    if returning {
-        Ok(sqlx::query_scalar::<Sqlite, String>(query)
-            .bind(rows)
-            .fetch_all(&mut *conn)
-            .await?)
-    } else {
-        sqlx::query(query).bind(rows).execute(&mut *conn).await?;
-        Ok(Vec::new())
-    }
-}
-
-/// Writes `works` in one transaction; results in their order.
+/// Writes `works` in one call; results in their order.
 pub(super) async fn write(store: &SqlStore<Sqlite>, works: &[Work]) -> Result<Vec<JobResult>> {
     let rows = BatchRows::of(works)?;
-    let mut tx = store.begin_write().await?;
-    let db = tx.conn();
-    let mut written: HashSet<String> = run(db, &INSERT_GLOBALS, &rows.created, true)
-        .await?
-        .into_iter()
-        .collect();
-    let new_branches: Vec<_> = rows
-        .new_branches
-        .iter()
-        .filter(|b| written.contains(b.gid))
-        .collect();
-    run(db, &INSERT_BRANCHES, &new_branches, false).await?;
-    let saved: HashSet<String> = run(db, &UPDATE_GLOBALS, &rows.changed, true)
-        .await?
-        .into_iter()
-        .collect();
-    let changed: Vec<_> = rows
-        .changed_branches
-        .iter()
-        .filter(|b| saved.contains(b.gid))
-        .collect();
-    run(db, &UPDATE_BRANCHES, &changed, false).await?;
-    let attempts: Vec<_> = rows
-        .attempts
-        .iter()
-        .filter(|a| saved.contains(a.gid))
-        .collect();
-    run(db, &INSERT_ATTEMPTS, &attempts, false).await?;
-    let renewed = run(db, &RENEW_LEASES, &rows.leases, true).await?;
-    tx.end(true).await?;
-    written.extend(saved);
-    written.extend(renewed);
+    let params = [
+        json(&rows.created)?,
+        json(&rows.new_branches)?,
+        json(&rows.changed)?,
+        json(&rows.changed_branches)?,
+        json(&rows.attempts)?,
+        json(&rows.leases)?,
+    ];
+    let lean = store
+        .lean
+        .as_ref()
+        .ok_or_else(|| StoreError::Batch("SQLite's store has no writer connection".into()))?;
+    let mut conn = lean.get().await?;
+    let written = run(&mut conn, params).await;
+    // A failure leaves the transaction open: the connection is closed, not reused, and
+    // SQLite rolls back what the batch wrote.
+    let written: HashSet<String> = conn.keep_if_ok(written)?.into_iter().collect();
     Ok(results(works, &written))
+}
+
+async fn run(conn: &mut SqliteConnection, params: [String; 6]) -> sqlx::Result<Vec<String>> {
+    let mut query = sqlx::query_scalar::<Sqlite, String>(sqlx::AssertSqlSafe(BATCH.as_str()));
+    for i in PARAMS {
+        query = query.bind(params[i].as_str());
+    }
+    query.fetch_all(conn).await
 }

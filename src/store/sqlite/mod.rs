@@ -123,14 +123,23 @@ async fn open(url: &str, options: &ConnectOptions, create: bool) -> Result<SqlSt
     // The writer's own connection: SQLite has one writer at a time anyway, and on one
     // connection its page cache stays warm (spread over the pool's, every batch found the
     // pages it changed last time in another connection's cache and read them again).
-    store.lean = Some(idem_sql::LeanPool::with_options(
-        connect,
-        idem_sql::LeanPoolOptions {
-            max_connections: 1,
-            max_lifetime: None,
-            ..idem_sql::LeanPoolOptions::default()
-        },
-    ));
+    store.lean = Some(
+        idem_sql::LeanPool::with_options(
+            connect,
+            idem_sql::LeanPoolOptions {
+                max_connections: 1,
+                max_lifetime: None,
+                ..idem_sql::LeanPoolOptions::default()
+            },
+        )
+        .after_connect(std::sync::Arc::new(|conn: &mut sqlx::SqliteConnection| {
+            async move {
+                sqlx::Executor::execute(conn, batch::CREATE_WRITTEN).await?;
+                Ok(())
+            }
+            .boxed()
+        })),
+    );
     if let Some(file) = main_file(&store.pool).await? {
         let opened = FileId::of(&file)?;
         store.ready_check = Some(Box::new(move || opened.still_at(&file)));
