@@ -102,10 +102,9 @@ static BATCH: LazyLock<String> = LazyLock::new(|| {
     let (created, saved, renewed) = (written("c"), written("s"), written("r"));
     [
         "BEGIN IMMEDIATE".to_owned(),
-        format!(
-            "INSERT INTO idem_written (kind, gid) SELECT 'c', value ->> 'gid' FROM jsonb_each(?) \
-             WHERE NOT EXISTS (SELECT 1 FROM idem_global g WHERE g.gid = value ->> 'gid')"
-        ),
+        "INSERT INTO idem_written (kind, gid) SELECT 'c', value ->> 'gid' FROM jsonb_each(?) \
+         WHERE NOT EXISTS (SELECT 1 FROM idem_global g WHERE g.gid = value ->> 'gid')"
+            .to_owned(),
         format!(
             "INSERT INTO idem_global ({cols}, version) SELECT {vals}, 0 FROM jsonb_each(?) \
              WHERE value ->> 'gid' IN {created}",
