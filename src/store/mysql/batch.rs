@@ -1,23 +1,30 @@
 //! A batch of queued writes in one write transaction on MySQL and MariaDB: the new global
-//! rows, their branches, the branch changes and the attempts go in as one JSON array per
-//! statement, turned back into rows by `JSON_TABLE`. Each save's conditional update of its
-//! global row and each lease renewal stay a statement of their own: MySQL's UPDATE has no
-//! RETURNING, and only a statement's affected-row count says whether its guard matched.
+//! rows, their branches, the global and branch changes, the renewals and the attempts go in
+//! as one JSON array per statement, turned back into rows by `JSON_TABLE`, so a batch costs
+//! the same few round trips whatever its size.
+//!
+//! MySQL's UPDATE has no RETURNING, and one statement's affected-row count cannot say which
+//! of its rows matched their guards. So the batch first locks the global rows its saves and
+//! renewals touch (one locking read, in gid order like every batch, so two batches cannot
+//! deadlock on them; the rows exist, and READ COMMITTED locks no gaps), checks each guard
+//! against the locked row, and updates only the rows whose guard held: nobody can change a
+//! locked row before the commit, so the check stays true. The UPDATE repeats the guard all
+//! the same.
 //!
 //! The new global rows go in with one INSERT; if a gid exists already the whole INSERT
 //! fails (MySQL has no "skip duplicates" that does not also hide other errors), and the
 //! creates are inserted one by one instead, each learning whether its gid was taken.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
 use serde::Serialize;
 use sqlx::{MySql, MySqlConnection};
 
-use crate::store::Result;
 use crate::store::sql::batch_rows::BatchRows;
 use crate::store::sql::group_commit::{JobResult, Work, results};
-use crate::store::sql::{SqlStore, is_unique_violation, q};
+use crate::store::sql::{SqlStore, is_unique_violation};
+use crate::store::{Result, StoreError};
 
 /// `JSON_TABLE` over the array bound at `?`, with these columns (name, type). Strings are
 /// wider than the table's columns, so a value too long fails the table's own check
@@ -137,6 +144,59 @@ static UPDATE_BRANCHES: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+const GLOBAL_CHANGE: &[(&str, &str)] = &[
+    ("gid", "text"),
+    ("expected", "text"),
+    ("guard_token", "text"),
+    ("guard_version", "BIGINT"),
+    ("status", "text"),
+    ("stalled_from", "text"),
+    ("attempts", "INT"),
+    ("next_attempt_at", "BIGINT"),
+    ("last_error", "text"),
+    ("reason", "text"),
+    ("timeout_at", "BIGINT"),
+    ("updated_at", "BIGINT"),
+    ("finished_at", "BIGINT"),
+    ("owner_token", "text"),
+    ("lease_until", "BIGINT"),
+];
+
+const LEASE_CHANGE: &[(&str, &str)] = &[("gid", "text"), ("token", "text"), ("until", "BIGINT")];
+
+/// The global rows of the batch's saves and renewals, locked until the commit.
+static LOCK_GLOBALS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT g.gid, g.status, g.owner_token, g.version FROM {} \
+         STRAIGHT_JOIN idem_global AS g ON g.gid = v.gid FOR UPDATE",
+        json_table(&[("gid", "text")])
+    )
+});
+
+/// The saves whose guard held (`GLOBAL_SET` from the batch's rows).
+static UPDATE_GLOBALS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE {} STRAIGHT_JOIN idem_global AS g \
+           ON g.gid = v.gid AND g.status = v.expected \
+             AND (g.owner_token = v.guard_token OR g.version = v.guard_version) \
+         SET g.status = v.status, g.stalled_from = v.stalled_from, g.attempts = v.attempts, \
+           g.next_attempt_at = v.next_attempt_at, g.last_error = v.last_error, \
+           g.reason = v.reason, g.timeout_at = v.timeout_at, g.updated_at = v.updated_at, \
+           g.finished_at = v.finished_at, g.owner_token = v.owner_token, \
+           g.lease_until = v.lease_until, g.version = g.version + 1",
+        json_table(GLOBAL_CHANGE)
+    )
+});
+
+/// The renewals whose token still owns the row.
+static RENEW_LEASES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE {} STRAIGHT_JOIN idem_global AS g ON g.gid = v.gid AND g.owner_token = v.token \
+         SET g.lease_until = v.until",
+        json_table(LEASE_CHANGE)
+    )
+});
+
 static INSERT_ATTEMPTS: LazyLock<String> = LazyLock::new(|| {
     let cols = names(NEW_ATTEMPT);
     format!(
@@ -145,21 +205,98 @@ static INSERT_ATTEMPTS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Runs a statement with `rows` as its JSON array, unless there are none.
+/// Runs a statement with `rows` as its JSON array, unless there are none; the rows it
+/// affected.
 async fn run<T: Serialize>(
     conn: &mut MySqlConnection,
     sql: &'static LazyLock<String>,
     rows: &[T],
-) -> sqlx::Result<()> {
+) -> sqlx::Result<u64> {
     if rows.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let rows = serde_json::to_string(rows).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-    sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+    let done = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
         .bind(rows)
         .execute(&mut *conn)
         .await?;
-    Ok(())
+    Ok(done.rows_affected())
+}
+
+/// A locked global row: what the guards are checked against.
+#[derive(sqlx::FromRow)]
+struct Locked {
+    gid: String,
+    status: String,
+    owner_token: Option<String>,
+    version: i64,
+}
+
+/// Locks the rows of the saves and renewals, updates those whose guard holds, adds the
+/// renewed gids to `written` and returns the saved ones.
+async fn update_globals<'a>(
+    conn: &mut MySqlConnection,
+    rows: &BatchRows<'a>,
+    written: &mut HashSet<String>,
+) -> Result<HashSet<&'a str>> {
+    let mut saved = HashSet::new();
+    if rows.changed.is_empty() && rows.leases.is_empty() {
+        return Ok(saved);
+    }
+    #[derive(Serialize)]
+    struct Key<'k> {
+        gid: &'k str,
+    }
+    // Batches come in gid order; so are the keys, and the locks taken.
+    let mut keys: Vec<Key<'_>> = rows.changed.iter().map(|c| Key { gid: c.gid }).collect();
+    keys.extend(rows.leases.iter().map(|l| Key { gid: l.gid }));
+    keys.sort_unstable_by(|a, b| a.gid.cmp(b.gid));
+    let keys = serde_json::to_string(&keys).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    let locked: Vec<Locked> = sqlx::query_as(sqlx::AssertSqlSafe(LOCK_GLOBALS.as_str()))
+        .bind(keys)
+        .fetch_all(&mut *conn)
+        .await?;
+    let locked: HashMap<&str, &Locked> = locked.iter().map(|l| (l.gid.as_str(), l)).collect();
+    let changes: Vec<_> = rows
+        .changed
+        .iter()
+        .filter(|c| {
+            locked.get(c.gid).is_some_and(|row| {
+                row.status == c.expected
+                    && match (c.guard_token, c.guard_version) {
+                        (Some(token), _) => row.owner_token.as_deref() == Some(token),
+                        (None, Some(version)) => row.version == version,
+                        (None, None) => false,
+                    }
+            })
+        })
+        .collect();
+    let renewals: Vec<_> = rows
+        .leases
+        .iter()
+        .filter(|l| {
+            locked
+                .get(l.gid)
+                .is_some_and(|row| row.owner_token.as_deref() == Some(l.token))
+        })
+        .collect();
+    expect_all(run(conn, &UPDATE_GLOBALS, &changes).await?, changes.len())?;
+    expect_all(run(conn, &RENEW_LEASES, &renewals).await?, renewals.len())?;
+    saved.extend(changes.iter().map(|c| c.gid));
+    written.extend(renewals.iter().map(|l| l.gid.to_owned()));
+    Ok(saved)
+}
+
+/// The rows were locked and checked: an update that matched fewer means the check and the
+/// statement disagree, and the batch must not commit on a guess.
+fn expect_all(updated: u64, checked: usize) -> Result<()> {
+    if updated == checked as u64 {
+        Ok(())
+    } else {
+        Err(StoreError::Batch(format!(
+            "{updated} rows updated where {checked} were locked and matched their guards"
+        )))
+    }
 }
 
 /// Writes `works` in one transaction; results in their order.
@@ -169,7 +306,7 @@ pub(super) async fn write(store: &SqlStore<MySql>, works: &[Work]) -> Result<Vec
     let mut written = HashSet::new();
     if !rows.created.is_empty() {
         match run(db.conn(), &INSERT_GLOBALS, &rows.created).await {
-            Ok(()) => {
+            Ok(_) => {
                 written.extend(rows.created.iter().map(|c| c.gid.to_owned()));
                 run(db.conn(), &INSERT_BRANCHES, &rows.new_branches).await?;
             }
@@ -189,30 +326,7 @@ pub(super) async fn write(store: &SqlStore<MySql>, works: &[Work]) -> Result<Vec
             Err(e) => return Err(e.into()),
         }
     }
-    let mut saved = HashSet::new();
-    for work in works {
-        match work {
-            Work::Save(owned) => {
-                let save = owned.borrow();
-                let done = store.update_global(&save).execute(&mut *db.conn()).await?;
-                if done.rows_affected() > 0 {
-                    saved.insert(save.after.gid.clone());
-                }
-            }
-            Work::Renew(r) => {
-                let done = q::<MySql>(&store.sql.renew)
-                    .bind(r.until)
-                    .bind(r.gid.as_str())
-                    .bind(r.token.as_str())
-                    .execute(&mut *db.conn())
-                    .await?;
-                if done.rows_affected() == 1 {
-                    written.insert(r.gid.clone());
-                }
-            }
-            Work::Create(_) => {}
-        }
-    }
+    let saved = update_globals(db.conn(), &rows, &mut written).await?;
     let changed: Vec<_> = rows
         .changed_branches
         .iter()
@@ -226,6 +340,6 @@ pub(super) async fn write(store: &SqlStore<MySql>, works: &[Work]) -> Result<Vec
         .collect();
     run(db.conn(), &INSERT_ATTEMPTS, &attempts).await?;
     db.end(true).await?;
-    written.extend(saved);
+    written.extend(saved.into_iter().map(str::to_owned));
     Ok(results(works, &written))
 }
