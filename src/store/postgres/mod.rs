@@ -30,6 +30,36 @@ const WRITER_SESSION: [(&str, &str); 4] = [
     ("enable_mergejoin", "off"),
 ];
 
+/// Tables the writers' generic plans look rows up in by primary key.
+const HOT_TABLES: &str = "'idem_global', 'idem_branch'";
+
+/// Gives the planner statistics for tables that hold rows but were never analyzed (as when
+/// autovacuum is off, or has not come round yet). Without them, a generic plan made while
+/// `idem_global` held a few hundred rows looked gids up through `idem_global_created`
+/// (created_at, gid) — a scan of the whole index per row — and the writers' connections
+/// kept that plan as the table grew: a coordinator started on such a database wrote at
+/// half the rate of one started on an empty one. Best effort: a role that may not
+/// analyze the tables only loses the hint.
+async fn analyze_if_never_analyzed(pool: &Pool<Postgres>) {
+    let stale: sqlx::Result<Vec<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT relname::text FROM pg_stat_user_tables \
+         WHERE schemaname = current_schema() AND relname IN ({HOT_TABLES}) \
+           AND last_analyze IS NULL AND last_autoanalyze IS NULL AND n_live_tup > 0"
+    )))
+    .fetch_all(pool)
+    .await;
+    for table in stale.unwrap_or_default() {
+        // The name comes from the fixed list above, not from input.
+        let analyze = format!("ANALYZE {table}");
+        if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(analyze))
+            .execute(pool)
+            .await
+        {
+            tracing::warn!(%table, error = %e, "could not analyze a table without statistics");
+        }
+    }
+}
+
 impl StoreDatabase for Postgres {
     const BACKEND: Backend = Backend::Postgres;
     // clock_timestamp(), not now(): now() is the start of the transaction.
@@ -42,7 +72,12 @@ impl StoreDatabase for Postgres {
          last_claim_at = COALESCE(excluded.last_claim_at, idem_coordinator.last_claim_at)";
 
     fn migrate(pool: &Pool<Self>) -> BoxFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
-        MIGRATOR.run(pool).boxed()
+        async move {
+            MIGRATOR.run(pool).await?;
+            analyze_if_never_analyzed(pool).await;
+            Ok(())
+        }
+        .boxed()
     }
 
     fn rows_affected(result: &PgQueryResult) -> u64 {
