@@ -41,15 +41,24 @@ const HOT_TABLES: &str = "'idem_global', 'idem_branch'";
 /// half the rate of one started on an empty one. Best effort: a role that may not
 /// analyze the tables only loses the hint.
 async fn analyze_if_never_analyzed(pool: &Pool<Postgres>) {
-    let stale: sqlx::Result<Vec<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+    let never: sqlx::Result<Vec<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT relname::text FROM pg_stat_user_tables \
          WHERE schemaname = current_schema() AND relname IN ({HOT_TABLES}) \
-           AND last_analyze IS NULL AND last_autoanalyze IS NULL AND n_live_tup > 0"
+           AND last_analyze IS NULL AND last_autoanalyze IS NULL"
     )))
     .fetch_all(pool)
     .await;
-    for table in stale.unwrap_or_default() {
-        // The name comes from the fixed list above, not from input.
+    for table in never.unwrap_or_default() {
+        // The name comes from the fixed list above, not from input. Whether it holds rows
+        // is asked of the table itself: the statistics system learns of other sessions'
+        // inserts only when they go idle, up to seconds later.
+        let holds_rows = format!("SELECT EXISTS (SELECT 1 FROM {table})");
+        let holds_rows: sqlx::Result<bool> = sqlx::query_scalar(sqlx::AssertSqlSafe(holds_rows))
+            .fetch_one(pool)
+            .await;
+        if !matches!(holds_rows, Ok(true)) {
+            continue;
+        }
         let analyze = format!("ANALYZE {table}");
         if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(analyze))
             .execute(pool)
