@@ -247,7 +247,8 @@ async fn update_globals<'a>(
     struct Key<'k> {
         gid: &'k str,
     }
-    // Batches come in gid order; so are the keys, and the locks taken.
+    // The saves and the renewals each come in gid order; merged and sorted, the keys (and
+    // so the locks taken) are too, as in every other batch.
     let mut keys: Vec<Key<'_>> = rows.changed.iter().map(|c| Key { gid: c.gid }).collect();
     keys.extend(rows.leases.iter().map(|l| Key { gid: l.gid }));
     keys.sort_unstable_by(|a, b| a.gid.cmp(b.gid));
