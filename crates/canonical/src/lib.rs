@@ -5,20 +5,32 @@
 //! object keys sorted, insignificant whitespace dropped, and numbers normalised so that
 //! `1`, `1.0` and `1e0` are the same number.
 
+use std::io::Write;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// The canonical text of a JSON value.
 pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_value(value, &mut out);
-    out
+    // Only serde_json's escaped strings and ASCII punctuation and digits were written.
+    String::from_utf8(out).expect("canonical JSON is UTF-8")
 }
 
 /// SHA-256 of the canonical text, as 64 lowercase hex digits.
 pub fn request_hash(value: &Value) -> String {
-    let digest = Sha256::digest(canonical_json(value).as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    // Every create hashes its request: one buffer and one string, not one per byte.
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut text = Vec::new();
+    write_value(value, &mut text);
+    let digest = Sha256::digest(&text);
+    let mut hex = String::with_capacity(2 * digest.len());
+    for b in digest {
+        hex.push(HEX[usize::from(b >> 4)] as char);
+        hex.push(HEX[usize::from(b & 0x0f)] as char);
+    }
+    hex
 }
 
 /// Whether two values are the same request as the hash sees it: equal, with numbers compared
@@ -45,53 +57,62 @@ pub fn same_up_to_numbers(a: &Value, b: &Value) -> bool {
     }
 }
 
-fn write_value(value: &Value, out: &mut String) {
+// Writing to a Vec cannot fail, and neither can serializing a string.
+fn write_value(value: &Value, out: &mut Vec<u8>) {
     match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         Value::Number(n) => write_number(n, out),
-        Value::String(s) => out.push_str(&Value::String(s.clone()).to_string()),
+        Value::String(s) => write_string(s, out),
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_value(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
-            out.push('{');
+            out.push(b'{');
             for (i, key) in keys.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
+                write_string(key, out);
+                out.push(b':');
                 write_value(&map[key], out);
             }
-            out.push('}');
+            out.push(b'}');
         }
     }
 }
 
-fn write_number(n: &serde_json::Number, out: &mut String) {
-    if let Some(i) = n.as_i64() {
-        out.push_str(&i.to_string());
+/// `s` as a JSON string, escaped as serde_json escapes it.
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    serde_json::to_writer(&mut *out, s).expect("a string serializes");
+}
+
+fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
+    let written = if let Some(i) = n.as_i64() {
+        write!(out, "{i}")
     } else if let Some(u) = n.as_u64() {
-        out.push_str(&u.to_string());
+        write!(out, "{u}")
     } else if let Some(f) = n.as_f64() {
         // Integral floats within the exactly-representable range print as integers, so
         // 1.0 and 1 hash alike; other floats use Rust's shortest round-trip form.
         if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
-            out.push_str(&(f as i64).to_string());
+            write!(out, "{}", f as i64)
         } else {
-            out.push_str(&format!("{f:?}"));
+            write!(out, "{f:?}")
         }
-    }
+    } else {
+        Ok(())
+    };
+    written.expect("writing to a Vec cannot fail");
 }
 
 #[cfg(test)]
@@ -160,6 +181,21 @@ mod tests {
             let z: Value = serde_json::from_str(&spaced).unwrap();
             prop_assert_eq!(canonical_json(&z), canon);
         }
+    }
+
+    #[test]
+    fn the_hash_is_the_sha256_of_the_canonical_text_in_lowercase_hex() {
+        // Hashes are stored with every transaction: their form must never change.
+        assert_eq!(
+            request_hash(&json!({})),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+        let x = json!({"b": null, "a": [1, 2.50, "x\n"]});
+        assert_eq!(canonical_json(&x), r#"{"a":[1,2.5,"x\n"],"b":null}"#);
+        assert_eq!(
+            request_hash(&x),
+            "0718256dfa5777ed7aeb34ff5094fbfaac09972f48f5617e0931b26495144696"
+        );
     }
 
     #[test]
