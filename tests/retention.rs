@@ -60,7 +60,7 @@ async fn add_attempt(store: &dyn Store, tx: &Transaction) {
     let mut after = tx.clone();
     after.attempts += 1;
     let record = AttemptRecord {
-        branch_id: tx.branches[0].branch_id.clone(),
+        branch_id: tx.branches[0].branch_id.to_string(),
         action: Action::Action,
         attempt: 1,
         started_at: tx.created_at,

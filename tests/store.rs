@@ -321,7 +321,7 @@ async fn concurrent_registrations_and_submit_never_lose_a_branch() {
             .branches
             .iter()
             .filter(|b| b.action == Action::Confirm)
-            .map(|b| b.branch_id.clone())
+            .map(|b| b.branch_id.to_string())
             .collect();
         assert_eq!(
             confirmed, registered,

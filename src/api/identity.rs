@@ -73,14 +73,7 @@ pub fn prepared(
             .collect(),
         branches: branches
             .iter()
-            .map(|b| {
-                (
-                    b.branch_id.as_str(),
-                    b.action.op(),
-                    b.url.as_str(),
-                    payload(&b.payload),
-                )
-            })
+            .map(|b| (&*b.branch_id, b.action.op(), &*b.url, payload(&b.payload)))
             .collect(),
         query_prepared: query_prepared.filter(|q| !q.is_empty()),
         options,

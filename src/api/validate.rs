@@ -166,7 +166,7 @@ pub fn check_outbound<'a>(
 pub fn branch_urls(branches: &[crate::core::Branch]) -> impl Iterator<Item = (String, &str)> {
     branches.iter().map(|b| {
         let field = format!("branch {} {}", b.branch_id, b.action.op());
-        (field, b.url.as_str())
+        (field, &*b.url)
     })
 }
 

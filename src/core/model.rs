@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,13 +16,13 @@ pub use idem_types::{
 /// One branch operation: the unit the coordinator calls and records.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Branch {
-    pub branch_id: String,
+    pub branch_id: Arc<str>,
     pub action: Action,
     /// Saga/msg: the step index. TCC: registration order.
     pub seq: i32,
-    pub url: String,
+    pub url: Arc<str>,
     /// The raw body POSTed to the participant.
-    pub payload: String,
+    pub payload: Arc<str>,
     pub status: BranchStatus,
     pub attempts: i32,
     /// Earliest time of the next call; `None` means as soon as it is due.
@@ -37,11 +38,11 @@ pub struct Branch {
 
 impl Branch {
     pub fn new(
-        branch_id: impl Into<String>,
+        branch_id: impl Into<Arc<str>>,
         action: Action,
         seq: i32,
-        url: impl Into<String>,
-        payload: impl Into<String>,
+        url: impl Into<Arc<str>>,
+        payload: impl Into<Arc<str>>,
         now: Millis,
     ) -> Branch {
         Branch {
@@ -62,7 +63,7 @@ impl Branch {
 
     pub fn key(&self) -> BranchKey {
         BranchKey {
-            branch_id: self.branch_id.clone(),
+            branch_id: self.branch_id.to_string(),
             action: self.action,
         }
     }
@@ -164,22 +165,24 @@ impl Transaction {
         tx.status = Status::Running;
         tx.next_attempt_at = Some(now);
         for (index, step) in steps.into_iter().enumerate() {
-            let branch_id = step_branch_id(index);
+            // A step's two operations share its id and payload.
+            let branch_id: Arc<str> = step_branch_id(index).into();
+            let payload: Arc<str> = step.payload.into();
             let seq = index as i32;
             tx.branches.push(Branch::new(
-                &branch_id,
+                Arc::clone(&branch_id),
                 Action::Compensate,
                 seq,
                 step.compensate,
-                step.payload.clone(),
+                Arc::clone(&payload),
                 now,
             ));
             tx.branches.push(Branch::new(
-                &branch_id,
+                branch_id,
                 Action::Action,
                 seq,
                 step.action,
-                step.payload,
+                payload,
                 now,
             ));
         }
@@ -202,13 +205,13 @@ impl Transaction {
     pub fn branch(&self, key: &BranchKey) -> Option<&Branch> {
         self.branches
             .iter()
-            .find(|b| b.action == key.action && b.branch_id == key.branch_id)
+            .find(|b| b.action == key.action && *b.branch_id == *key.branch_id)
     }
 
     pub(crate) fn branch_mut(&mut self, key: &BranchKey) -> Option<&mut Branch> {
         self.branches
             .iter_mut()
-            .find(|b| b.action == key.action && b.branch_id == key.branch_id)
+            .find(|b| b.action == key.action && *b.branch_id == *key.branch_id)
     }
 
     pub(crate) fn branches_with(&self, action: Action) -> impl Iterator<Item = &Branch> {

@@ -282,8 +282,22 @@ pub(super) async fn register_branch(
     )?;
     let now = app.engine.now();
     let branches = vec![
-        Branch::new(&branch_id, Action::Confirm, 0, confirm, &payload, now),
-        Branch::new(&branch_id, Action::Cancel, 0, cancel, &payload, now),
+        Branch::new(
+            branch_id.as_str(),
+            Action::Confirm,
+            0,
+            confirm,
+            payload.as_str(),
+            now,
+        ),
+        Branch::new(
+            branch_id.as_str(),
+            Action::Cancel,
+            0,
+            cancel,
+            payload.as_str(),
+            now,
+        ),
     ];
     app.check_outbound(caller.tenant(), branch_urls(&branches))?;
     match app.engine.register(&caller.key(&gid), branches).await {

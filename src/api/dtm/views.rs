@@ -53,7 +53,7 @@ pub(super) fn global_view(stored: &StoredTx) -> Value {
             }
         })
         .collect();
-    let payloads: Vec<&str> = actions.iter().map(|a| a.payload.as_str()).collect();
+    let payloads: Vec<&str> = actions.iter().map(|a| &*a.payload).collect();
     let query_prepared = tx
         .branches
         .iter()

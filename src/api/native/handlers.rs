@@ -134,11 +134,11 @@ pub(super) async fn register(
         check_url("try", url)?;
         let payload = payload_text(&spec.payload);
         branches.push(Branch::new(
-            &req.branch_id,
+            req.branch_id.as_str(),
             Action::Try,
             0,
-            url,
-            &payload,
+            url.as_str(),
+            payload.as_str(),
             now,
         ));
     }

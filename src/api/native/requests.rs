@@ -141,19 +141,19 @@ impl BranchSpec {
         // TCC branches have no order among them: Confirms (or Cancels) all go out together.
         Ok([
             Branch::new(
-                &self.branch_id,
+                self.branch_id.as_str(),
                 Action::Confirm,
                 0,
-                &self.confirm,
-                &payload,
+                self.confirm.as_str(),
+                payload.as_str(),
                 now,
             ),
             Branch::new(
-                &self.branch_id,
+                self.branch_id.as_str(),
                 Action::Cancel,
                 0,
-                &self.cancel,
-                &payload,
+                self.cancel.as_str(),
+                payload.as_str(),
                 now,
             ),
         ])

@@ -45,10 +45,10 @@ pub fn tx_view(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView
             .branches
             .iter()
             .map(|b| BranchView {
-                branch_id: b.branch_id.clone(),
+                branch_id: b.branch_id.to_string(),
                 action: b.action,
                 url: redact_userinfo(&b.url).into_owned(),
-                payload: b.payload.clone(),
+                payload: b.payload.to_string(),
                 status: b.status,
                 attempts: b.attempts,
                 next_attempt_at: b.next_attempt_at,

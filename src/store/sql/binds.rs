@@ -79,11 +79,11 @@ macro_rules! bind_branch_insert {
         // The columns after the payload are those a branch update sets, in that order.
         bind_branch_set!(
             $query
-                .bind(b.branch_id.as_str())
+                .bind(&*b.branch_id)
                 .bind(b.action.as_str())
                 .bind(b.seq)
-                .bind(b.url.as_str())
-                .bind(b.payload.as_str()),
+                .bind(&*b.url)
+                .bind(&*b.payload),
             b
         )
     }};

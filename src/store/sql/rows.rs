@@ -83,11 +83,11 @@ impl AttemptRow {
 impl BranchRow {
     fn into_branch(self) -> Result<Branch> {
         Ok(Branch {
-            branch_id: self.branch_id,
+            branch_id: self.branch_id.into(),
             action: self.action.parse().map_err(corrupt)?,
             seq: self.seq,
-            url: self.url,
-            payload: self.payload,
+            url: self.url.into(),
+            payload: self.payload.into(),
             status: self.status.parse().map_err(corrupt)?,
             attempts: self.attempts,
             next_attempt_at: self.next_attempt_at,

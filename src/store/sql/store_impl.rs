@@ -135,7 +135,7 @@ where
                     .branches
                     .iter()
                     .chain(&new)
-                    .map(|b| b.branch_id.as_str())
+                    .map(|b| &*b.branch_id)
                     .collect();
                 if ids.len() > self.max_branches {
                     db.rollback().await?;

@@ -21,11 +21,11 @@ impl Driver {
                 for i in 0..n {
                     let id = format!("b{i}");
                     let mut new = vec![
-                        Branch::new(&id, Action::Confirm, 0, "u", "{}", T0),
-                        Branch::new(&id, Action::Cancel, 0, "u", "{}", T0),
+                        Branch::new(id.as_str(), Action::Confirm, 0, "u", "{}", T0),
+                        Branch::new(id.as_str(), Action::Cancel, 0, "u", "{}", T0),
                     ];
                     if rng.random_bool(0.5) {
-                        new.push(Branch::new(&id, Action::Try, 0, "u", "{}", T0));
+                        new.push(Branch::new(id.as_str(), Action::Try, 0, "u", "{}", T0));
                     }
                     tx.add_branches(new);
                 }

@@ -163,7 +163,7 @@ impl Driver {
                 let compensated: BTreeSet<String> = end
                     .branches_with(Action::Compensate)
                     .filter(|b| sent(&b.branch_id, Action::Compensate).is_some())
-                    .map(|b| b.branch_id.clone())
+                    .map(|b| b.branch_id.to_string())
                     .collect();
                 for id in &compensated {
                     prop_assert!(
