@@ -363,7 +363,7 @@ async fn saves_are_fenced_by_owner_token_and_status() {
         };
         // The first owner's lease expires; a second coordinator claims the row.
         let second = lease("second", T0 + 5_000);
-        let claimed = store.claim_due(&second, T0 + 2_000, 10).await.unwrap();
+        let claimed = store.claim_due(&second, T0 + 2_000, 10, &[]).await.unwrap();
         assert_eq!(claimed.len(), 1, "{b}");
         // The claim says whose the row was: a takeover, for the metrics and the log.
         assert_eq!(claimed[0].previous_owner.as_deref(), Some("first"), "{b}");
@@ -375,7 +375,7 @@ async fn saves_are_fenced_by_owner_token_and_status() {
             .save(Save {
                 before: &tx,
                 after: &step.tx,
-                guard: Guard::Owner("first"),
+                guard: Guard::Owner("first", 0),
                 lease: Some(&first),
                 attempts: std::slice::from_ref(&attempt),
             })
@@ -392,7 +392,7 @@ async fn saves_are_fenced_by_owner_token_and_status() {
             .save(Save {
                 before: &tx,
                 after: &step.tx,
-                guard: Guard::Owner("second"),
+                guard: Guard::Owner("second", 1),
                 lease: Some(&second),
                 attempts: std::slice::from_ref(&attempt),
             })
@@ -413,20 +413,24 @@ async fn saves_are_fenced_by_owner_token_and_status() {
             .save(Save {
                 before: &tx,
                 after: &step.tx,
-                guard: Guard::Owner("second"),
+                guard: Guard::Owner("second", 2),
                 lease: Some(&second),
                 attempts: &[],
             })
             .await
             .unwrap();
-        assert_eq!(wrong, Saved::Saved, "{b}: same status (running) and owner");
+        assert_eq!(
+            wrong,
+            Saved::Saved,
+            "{b}: same status (running), owner and version"
+        );
         let mut other_status = tx.clone();
         other_status.status = Status::Aborting;
         let wrong = store
             .save(Save {
                 before: &other_status,
                 after: &step.tx,
-                guard: Guard::Owner("second"),
+                guard: Guard::Owner("second", 3),
                 lease: Some(&second),
                 attempts: &[],
             })
@@ -472,7 +476,7 @@ async fn claims_take_only_due_unowned_rows_and_never_the_same_row_twice() {
                 loop {
                     let l = lease(&format!("c{c}"), now + 30_000);
                     let got: Vec<_> = store
-                        .claim_due(&l, now, 7)
+                        .claim_due(&l, now, 7, &[])
                         .await
                         .unwrap()
                         .into_iter()
@@ -503,7 +507,7 @@ async fn claims_take_only_due_unowned_rows_and_never_the_same_row_twice() {
 
         // Once the live lease expires, that row is claimable too.
         let got = store
-            .claim_due(&lease("late", T0 + 200_000), T0 + 60_001, 100)
+            .claim_due(&lease("late", T0 + 200_000), T0 + 60_001, 100, &[])
             .await
             .unwrap();
         let gids: HashSet<String> = got.into_iter().map(|c| c.stored.tx.gid).collect();
@@ -671,3 +675,6 @@ async fn active_summary_counts_the_non_terminal_rows_by_status() {
     }
     common::cleanup(dbs).await;
 }
+
+#[path = "store/stale_writes.rs"]
+mod stale_writes;

@@ -54,7 +54,7 @@ impl Engine {
     /// once.
     pub(super) async fn release(&self, gid: &str, token: &str) {
         let now = self.clock.now();
-        if let Err(e) = self.store.renew(gid, token, now).await {
+        if let Err(e) = self.store.release(gid, token, now).await {
             tracing::warn!(gid, error = %e, "cannot hand the lease back; it lapses on its own");
         }
     }
@@ -83,20 +83,31 @@ impl Engine {
                 let save = Save {
                     before: &current,
                     after: &t.tx,
-                    guard: Guard::Owner(&lease.token),
+                    guard: Guard::Owner(&lease.token, stored.version),
                     lease: next_lease.as_ref(),
                     attempts: &attempts,
                 };
                 match self.save_with_retries(save).await {
                     Ok(true) => {}
-                    Ok(false) => {
-                        tracing::info!(
-                            gid,
-                            "another coordinator owns this transaction now; stopping"
-                        );
-                        self.observer.fenced(&gid);
-                        return;
-                    }
+                    Ok(false) => match self.still_ours(&gid, &lease).await {
+                        // A request changed the row and left it ours (a branch registered,
+                        // a Try's answer recorded): go on from what is stored.
+                        Some((fresh, next)) => {
+                            attempts.clear();
+                            current = fresh.tx.clone();
+                            stored = fresh;
+                            t = next;
+                            continue;
+                        }
+                        None => {
+                            tracing::info!(
+                                gid,
+                                "another coordinator owns this transaction now; stopping"
+                            );
+                            self.observer.fenced(&gid);
+                            return;
+                        }
+                    },
                     Err(e) if e.is_permanent() => {
                         // Resuming would send this round's calls again, forever.
                         let reason = format!("cannot store progress: {e}");
@@ -265,7 +276,7 @@ impl Engine {
         let save = Save {
             before: current,
             after: &t.tx,
-            guard: Guard::Owner(&lease.token),
+            guard: Guard::Owner(&lease.token, stored.version),
             lease: None,
             attempts: &[],
         };
@@ -332,36 +343,52 @@ impl Engine {
         }
     }
 
-    /// Stores a state, retrying transient database errors. Ok(false): the row is not ours.
+    /// Stores a state, retrying transient database errors for as long as they last: the
+    /// driver holds answers nobody else has, and giving up would leave recovery to send
+    /// those calls again. Its own recovery loop leaves the transaction alone meanwhile
+    /// (it skips what this process drives); another coordinator may take it once the
+    /// lease lapses, and then the save is lost, as it must be. Ok(false): the row is not
+    /// ours. Gives up only when the process stops, or on an error no retry can cure.
     pub(super) async fn save_with_retries(&self, save: Save<'_>) -> Result<bool, StoreError> {
+        let gid = save.after.gid.as_str();
         let mut delay = Duration::from_millis(50);
-        let mut last = None;
-        for _ in 0..5 {
-            match self.store.save(save.clone()).await {
+        let mut failed = false;
+        loop {
+            let error = match self.store.save(save.clone()).await {
                 Ok(Saved::Saved) => return Ok(true),
-                Ok(Saved::Lost) => {
-                    // A retry after an error whose commit did land looks like a lost race:
-                    // check whether the stored row is exactly what we wrote.
-                    if last.is_some()
-                        && let Ok(Some(stored)) = self.store.load(&save.after.gid).await
-                    {
-                        let ours =
-                            stored.owner_token.as_deref() == save.lease.map(|l| l.token.as_str());
-                        if ours && stored.tx == *save.after {
-                            return Ok(true);
-                        }
-                    }
-                    return Ok(false);
-                }
-                Err(e) => {
-                    tracing::warn!(gid = save.after.gid, error = %e, "store write failed; retrying");
-                    last = Some(e);
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                }
+                // A retry after an error whose commit did land looks like a lost race:
+                // ask the stored row whether it is exactly what we wrote.
+                Ok(Saved::Lost) if failed => match self.store.load(gid).await {
+                    Ok(stored) => return Ok(stored.is_some_and(|s| is_our_save(&s, &save))),
+                    Err(e) => e,
+                },
+                Ok(Saved::Lost) => return Ok(false),
+                Err(e) => e,
+            };
+            if error.is_permanent() || self.stopping.is_cancelled() {
+                return Err(error);
             }
+            tracing::warn!(gid, error = %error, "store write failed; retrying");
+            failed = true;
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.stopping.cancelled() => return Err(error),
+            }
+            delay = (delay * 2).min(SAVE_RETRY_CAP);
         }
-        Err(last.expect("at least one error"))
+    }
+
+    /// After a save of this driver's was lost: the row as stored, and the transition from
+    /// it, if the lease is still this driver's (a request moved its version without
+    /// taking it over). `None`: someone else owns it now, or it cannot be read.
+    async fn still_ours(&self, gid: &str, lease: &Lease) -> Option<(StoredTx, Transition)> {
+        let stored = self.store.load(gid).await.ok()??;
+        if stored.owner_token.as_deref() != Some(lease.token.as_str()) {
+            return None;
+        }
+        let t = core::apply(&stored.tx, &Event::Wake, self.ctx()).ok()?;
+        self.recent.put(stored.clone());
+        Some((stored, t))
     }
 
     /// Waits for the call slots of a round (at most `max_concurrent_calls` in flight over
@@ -500,6 +527,20 @@ impl Engine {
             attempt: (branch.attempts + 1).max(1) as u32,
         }
     }
+}
+
+/// The longest pause between two tries of a save the database failed.
+const SAVE_RETRY_CAP: Duration = Duration::from_secs(2);
+
+/// Whether the stored row is exactly what `save` wrote: its state, its owner, and the
+/// version right after the one it expected.
+fn is_our_save(stored: &StoredTx, save: &Save<'_>) -> bool {
+    let expected = match save.guard {
+        Guard::Owner(_, version) | Guard::Version(version) => version,
+    };
+    stored.owner_token.as_deref() == save.lease.map(|l| l.token.as_str())
+        && stored.version == expected + 1
+        && stored.tx == *save.after
 }
 
 /// The header naming a call's tenant.

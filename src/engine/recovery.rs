@@ -34,7 +34,19 @@ impl Engine {
         };
         let now = self.clock.now();
         let lease = self.new_lease(now);
-        let claimed = self.store.claim_due(&lease, now, room as u32).await?;
+        // Never a second driver beside one of this process's own: after the database
+        // stalled past its leases, a driver still holds answers it has not stored yet.
+        let held: Vec<String> = self
+            .driving
+            .lock()
+            .expect("poisoned")
+            .keys()
+            .cloned()
+            .collect();
+        let claimed = self
+            .store
+            .claim_due(&lease, now, room as u32, &held)
+            .await?;
         let n = claimed.len();
         let ours = identity::instance_prefix(&self.config.node, &self.instance);
         for Claimed {

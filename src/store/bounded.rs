@@ -110,12 +110,23 @@ impl Store for Bounded {
         self.call(self.inner.save(save)).await
     }
 
-    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<Claimed>> {
-        self.call(self.inner.claim_due(lease, now, limit)).await
+    async fn claim_due(
+        &self,
+        lease: &Lease,
+        now: Millis,
+        limit: u32,
+        held: &[String],
+    ) -> Result<Vec<Claimed>> {
+        self.call(self.inner.claim_due(lease, now, limit, held))
+            .await
     }
 
     async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool> {
         self.call(self.inner.renew(gid, token, until)).await
+    }
+
+    async fn release(&self, gid: &str, token: &str, now: Millis) -> Result<bool> {
+        self.call(self.inner.release(gid, token, now)).await
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Page> {

@@ -8,9 +8,10 @@
 //!
 //! Invariants every implementation keeps:
 //! - a branch operation is stored once per (gid, branch_id, action): the primary key;
-//! - every change of a global row is a conditional update on its expected status and,
-//!   for an engine holding a lease, its owner token; zero rows updated means someone else
-//!   moved it ([`Saved::Lost`]) and the caller re-reads instead of overwriting;
+//! - every change of a global row is a conditional update on its expected status and
+//!   version and, for an engine holding a lease, its owner token; zero rows updated means
+//!   someone else moved it ([`Saved::Lost`]) and the caller re-reads instead of
+//!   overwriting; a save that keeps the owner never shortens the lease, nor does a renewal;
 //! - a row is claimed (taken over after its lease expired) with a conditional update too.
 
 use std::sync::Arc;
@@ -96,8 +97,10 @@ pub enum Registered {
 /// Which condition guards a save.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Guard<'a> {
-    /// An engine that holds the lease under this token.
-    Owner(&'a str),
+    /// An engine that holds the lease under this token and last wrote (or claimed) the row
+    /// at this version: a compare-and-set, so a save of its own that lands late (its call
+    /// was cut, the driver moved on) can never match after a newer one did.
+    Owner(&'a str, i64),
     /// A client or operator request that read the row at this version: conditional on the
     /// status and the version (so a branch registered in between is not missed), and it
     /// takes the transaction over from whoever held it.
@@ -255,12 +258,25 @@ pub trait Store: Send + Sync + 'static {
     async fn save(&self, save: Save<'_>) -> Result<Saved>;
 
     /// Claims up to `limit` unfinished transactions that are due and whose lease expired
-    /// (or that have no owner), and returns them. Several coordinators can call this at
-    /// once: each row goes to one of them.
-    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<Claimed>>;
+    /// (or that have no owner), but none of `held` (the caller's own live drivers, whose
+    /// leases may have lapsed while the database stalled: a second driver beside them
+    /// would send again what they already did), and returns them. Several coordinators can
+    /// call this at once: each row goes to one of them.
+    async fn claim_due(
+        &self,
+        lease: &Lease,
+        now: Millis,
+        limit: u32,
+        held: &[String],
+    ) -> Result<Vec<Claimed>>;
 
-    /// Extends a lease; false if the token no longer owns the row.
+    /// Extends a lease to `until`; false if the token no longer owns the row. Never
+    /// shortens it: a renewal that lands after a later one leaves the later one standing.
     async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool>;
+
+    /// Ends a lease at `now` (the token stays, so the owner's own recovery loop can tell a
+    /// row it handed back from a takeover); false if the token no longer owns the row.
+    async fn release(&self, gid: &str, token: &str, now: Millis) -> Result<bool>;
 
     async fn list(&self, filter: &ListFilter) -> Result<Page>;
 

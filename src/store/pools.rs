@@ -138,6 +138,30 @@ where
 }
 
 /// The lean pool's limits, the same as sqlx's pool beside it.
+/// The server-side bounds of the writers' statements: below the coordinator's own call
+/// timeout, so that a statement the coordinator stopped waiting for (its connection is
+/// closed, or the link froze) is cut by the server itself instead of committing later.
+/// A write that commits while its answer is lost stays possible, as on any network; the
+/// save's compare-and-set keeps that one from landing over a newer write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerCut {
+    /// One statement at most (PostgreSQL `statement_timeout`, MariaDB
+    /// `max_statement_time`).
+    pub statement: Duration,
+    /// Waiting for a row lock at most (PostgreSQL `lock_timeout`, InnoDB
+    /// `innodb_lock_wait_timeout`, whole seconds, at least one).
+    pub lock: Duration,
+}
+
+impl ServerCut {
+    pub fn below(call_timeout: Duration) -> ServerCut {
+        ServerCut {
+            statement: call_timeout.mul_f64(0.75),
+            lock: call_timeout / 2,
+        }
+    }
+}
+
 pub fn lean(options: &ConnectOptions) -> LeanPoolOptions {
     LeanPoolOptions {
         max_connections: options.max_connections,

@@ -19,6 +19,7 @@ use idem_demo::{inventory, payment};
 use idem_participant::testing::{Backend, TestDatabase};
 
 mod coordinator;
+mod deadlocks;
 mod inflight;
 pub mod limit;
 mod load;
@@ -285,6 +286,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     });
     let cpu_of = |cs: &[Coordinator]| cs.iter().map(Coordinator::cpu_seconds).sum::<f64>();
     let cpu_before = cpu_of(&coordinators);
+    let deadlocks_before = deadlocks::count(&dbs.servers).await;
     // The first coordinator's timing histograms as the measured window begins.
     let window_start = {
         let (coordinator_url, http, warmup) =
@@ -307,6 +309,10 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     )
     .await;
     let cpu = cpu_of(&coordinators) - cpu_before;
+    let deadlocks = match (deadlocks_before, deadlocks::count(&dbs.servers).await) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -348,6 +354,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         coordinator_cpu_seconds: cpu * measured.as_secs_f64()
             / (config.warmup + config.duration).as_secs_f64(),
         retention_deleted,
+        deadlocks,
         ..BenchResult::default()
     };
     for c in coordinators {

@@ -61,6 +61,9 @@ pub struct BenchResult {
     /// Transactions the timed coordinator's retention deleted during the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retention_deleted: Option<u64>,
+    /// Deadlocks the database server counted during the timed pass (see `deadlocks.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadlocks: Option<u64>,
 }
 
 impl BenchResult {
@@ -126,6 +129,11 @@ impl BenchResult {
                 sql.coordinator_commits,
                 sql.participant_statements,
                 sql.participant_commits
+            ));
+        }
+        if let Some(n) = self.deadlocks {
+            out.push_str(&format!(
+                "  deadlocks counted by the database during the timed pass: {n}\n"
             ));
         }
         if !self.phases.is_empty() {

@@ -21,7 +21,7 @@ use std::sync::LazyLock;
 use serde::Serialize;
 use sqlx::{MySql, MySqlConnection};
 
-use crate::store::sql::batch_rows::BatchRows;
+use crate::store::sql::batch_rows::{BatchRows, GlobalChange};
 use crate::store::sql::group_commit::{JobResult, Work, results};
 use crate::store::sql::{SqlStore, is_unique_violation};
 use crate::store::{Result, StoreError};
@@ -162,12 +162,17 @@ const GLOBAL_CHANGE: &[(&str, &str)] = &[
     ("lease_until", "BIGINT"),
 ];
 
-const LEASE_CHANGE: &[(&str, &str)] = &[("gid", "text"), ("token", "text"), ("until", "BIGINT")];
+const LEASE_CHANGE: &[(&str, &str)] = &[
+    ("gid", "text"),
+    ("token", "text"),
+    ("until", "BIGINT"),
+    ("is_release", "INT"),
+];
 
 /// The global rows of the batch's saves and renewals, locked until the commit.
 static LOCK_GLOBALS: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT g.gid, g.status, g.owner_token, g.version FROM {} \
+        "SELECT g.gid, g.status, g.owner_token, g.version, g.lease_until FROM {} \
          STRAIGHT_JOIN idem_global AS g ON g.gid = v.gid FOR UPDATE",
         json_table(&[("gid", "text")])
     )
@@ -177,8 +182,8 @@ static LOCK_GLOBALS: LazyLock<String> = LazyLock::new(|| {
 static UPDATE_GLOBALS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {} STRAIGHT_JOIN idem_global AS g \
-           ON g.gid = v.gid AND g.status = v.expected \
-             AND (g.owner_token = v.guard_token OR g.version = v.guard_version) \
+           ON g.gid = v.gid AND g.status = v.expected AND g.version = v.guard_version \
+             AND (v.guard_token IS NULL OR g.owner_token = v.guard_token) \
          SET g.status = v.status, g.stalled_from = v.stalled_from, g.attempts = v.attempts, \
            g.next_attempt_at = v.next_attempt_at, g.last_error = v.last_error, \
            g.reason = v.reason, g.timeout_at = v.timeout_at, g.updated_at = v.updated_at, \
@@ -192,7 +197,8 @@ static UPDATE_GLOBALS: LazyLock<String> = LazyLock::new(|| {
 static RENEW_LEASES: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE {} STRAIGHT_JOIN idem_global AS g ON g.gid = v.gid AND g.owner_token = v.token \
-         SET g.lease_until = v.until",
+         SET g.lease_until = CASE WHEN v.is_release = 0 AND g.lease_until > v.until \
+           THEN g.lease_until ELSE v.until END",
         json_table(LEASE_CHANGE)
     )
 });
@@ -230,6 +236,7 @@ struct Locked {
     status: String,
     owner_token: Option<String>,
     version: i64,
+    lease_until: Option<i64>,
 }
 
 /// Locks the rows of the saves and renewals, updates those whose guard holds, adds the
@@ -258,17 +265,27 @@ async fn update_globals<'a>(
         .fetch_all(&mut *conn)
         .await?;
     let locked: HashMap<&str, &Locked> = locked.iter().map(|l| (l.gid.as_str(), l)).collect();
-    let changes: Vec<_> = rows
+    // The new lease is worked out here, from the locked row: MySQL does not promise the
+    // order of a multi-table UPDATE's assignments, so the statement cannot compare the old
+    // owner with the new one itself. A save that keeps the owner never shortens its lease.
+    let changes: Vec<GlobalChange<'_>> = rows
         .changed
         .iter()
-        .filter(|c| {
-            locked.get(c.gid).is_some_and(|row| {
-                row.status == c.expected
-                    && match (c.guard_token, c.guard_version) {
-                        (Some(token), _) => row.owner_token.as_deref() == Some(token),
-                        (None, Some(version)) => row.version == version,
-                        (None, None) => false,
-                    }
+        .filter_map(|c| {
+            let row = locked.get(c.gid)?;
+            let guard_holds = row.status == c.expected
+                && row.version == c.guard_version
+                && c.guard_token
+                    .is_none_or(|t| row.owner_token.as_deref() == Some(t));
+            guard_holds.then(|| {
+                let mut change = c.clone();
+                if row.owner_token.as_deref() == c.owner_token
+                    && c.owner_token.is_some()
+                    && row.lease_until > c.lease_until
+                {
+                    change.lease_until = row.lease_until;
+                }
+                change
             })
         })
         .collect();

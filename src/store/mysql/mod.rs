@@ -13,7 +13,7 @@ use sqlx::{Executor, MySql, Pool};
 
 use super::pools::{self, Suspicion};
 use super::sql::group_commit::{JobResult, Work};
-use super::sql::{ACTIVE_STATUSES, ClaimedRow, SqlStore, StoreDatabase, take_over};
+use super::sql::{ACTIVE_STATUSES, ClaimedRow, SqlStore, StoreDatabase, json_list, take_over};
 use super::{ConnectOptions, Lease, Result};
 use crate::core::Millis;
 
@@ -51,6 +51,7 @@ impl StoreDatabase for MySql {
         lease: &'a Lease,
         now: Millis,
         limit: u32,
+        held: &'a [String],
     ) -> BoxFuture<'a, sqlx::Result<Vec<ClaimedRow>>> {
         async move {
             // MariaDB cannot UPDATE ... WHERE gid IN (subquery with LIMIT) on the same
@@ -60,12 +61,15 @@ impl StoreDatabase for MySql {
                 "SELECT gid, owner_token FROM idem_global \
                  WHERE status IN {ACTIVE_STATUSES} AND next_attempt_at <= ? \
                    AND (lease_until IS NULL OR lease_until < ?) \
+                   AND gid NOT IN (SELECT h.gid FROM JSON_TABLE(?, '$[*]' COLUMNS (gid \
+                     VARCHAR(300) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) AS h) \
                  ORDER BY next_attempt_at LIMIT ? FOR UPDATE SKIP LOCKED"
             );
             let mut db = store.pool.begin().await?;
             let rows: Vec<ClaimedRow> = sqlx::query_as(sqlx::AssertSqlSafe(select))
                 .bind(now)
                 .bind(now)
+                .bind(json_list(held)?)
                 .bind(i64::from(limit))
                 .fetch_all(&mut *db)
                 .await?;
@@ -93,6 +97,36 @@ fn read_committed(conn: &mut sqlx::MySqlConnection) -> BoxFuture<'_, sqlx::Resul
     .boxed()
 }
 
+/// The writers' sessions: READ COMMITTED, and the server cuts a statement, a lock wait and
+/// an idle open transaction below the coordinator's own bound (see [`pools::ServerCut`]).
+/// `max_statement_time` and `idle_transaction_timeout` are MariaDB's; MySQL has neither
+/// (its `max_execution_time` bounds only SELECTs), so there only the lock wait is cut.
+fn writer_session(
+    conn: &mut sqlx::MySqlConnection,
+    cut: pools::ServerCut,
+) -> BoxFuture<'_, sqlx::Result<()>> {
+    async move {
+        conn.execute(READ_COMMITTED).await?;
+        let lock_secs = cut.lock.as_secs().max(1);
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&mut *conn)
+            .await?;
+        let set = if version.contains("MariaDB") {
+            format!(
+                "SET SESSION innodb_lock_wait_timeout = {lock_secs}, \
+                 max_statement_time = {:.3}, idle_transaction_timeout = {}",
+                cut.statement.as_secs_f64(),
+                cut.statement.as_secs().max(1)
+            )
+        } else {
+            format!("SET SESSION innodb_lock_wait_timeout = {lock_secs}")
+        };
+        conn.execute(sqlx::AssertSqlSafe(set)).await?;
+        Ok(())
+    }
+    .boxed()
+}
+
 pub async fn connect(
     url: &str,
     options: &ConnectOptions,
@@ -105,9 +139,10 @@ pub async fn connect(
         .after_connect(|conn, _| read_committed(conn))
         .connect_lazy_with(connect.clone());
     let mut store = SqlStore::new(pool);
+    let cut = pools::ServerCut::below(options.call_timeout);
     store.lean = Some(
         LeanPool::with_options(connect, pools::lean(options))
-            .after_connect(Arc::new(read_committed)),
+            .after_connect(Arc::new(move |conn| writer_session(conn, cut))),
     );
     Ok(store)
 }

@@ -49,7 +49,7 @@ static BATCH: LazyLock<String> = LazyLock::new(|| {
     let attempts = arrays(&[
         "varchar", "varchar", "varchar", "int", "bigint", "bigint", "varchar", "text",
     ]);
-    let leases = arrays(&["varchar", "varchar", "bigint"]);
+    let leases = arrays(&["varchar", "varchar", "bigint", "int"]);
     let sql = format!(
         "WITH ci AS (\
            INSERT INTO idem_global ({GLOBAL_COLUMNS}) \
@@ -64,13 +64,16 @@ static BATCH: LazyLock<String> = LazyLock::new(|| {
              attempts = v.attempts, next_attempt_at = v.next_attempt_at, \
              last_error = v.last_error, reason = v.reason, timeout_at = v.timeout_at, \
              updated_at = v.updated_at, finished_at = v.finished_at, \
-             owner_token = v.owner_token, lease_until = v.lease_until, version = t.version + 1 \
+             owner_token = v.owner_token, version = t.version + 1, \
+             lease_until = CASE WHEN t.owner_token = v.owner_token AND t.lease_until > v.lease_until \
+               THEN t.lease_until ELSE v.lease_until END \
            FROM unnest({saved}) AS v(gid, expected, guard_token, guard_version, status, \
              stalled_from, attempts, next_attempt_at, last_error, reason, timeout_at, \
              updated_at, finished_at, owner_token, lease_until) \
            WHERE t.gid = v.gid \
              AND (CASE WHEN t.status = v.expected \
-                   AND (t.owner_token = v.guard_token OR t.version = v.guard_version) \
+                   AND t.version = v.guard_version \
+                   AND (v.guard_token IS NULL OR t.owner_token = v.guard_token) \
                   THEN TRUE ELSE FALSE END) \
            RETURNING t.gid), \
          sb AS (\
@@ -88,8 +91,9 @@ static BATCH: LazyLock<String> = LazyLock::new(|| {
              duration_ms, outcome, detail) \
            WHERE v.gid IN (SELECT gid FROM su)), \
          sr AS (\
-           UPDATE idem_global t SET lease_until = v.until \
-           FROM unnest({leases}) AS v(gid, token, until) \
+           UPDATE idem_global t SET lease_until = CASE \
+             WHEN v.is_release = 0 AND t.lease_until > v.until THEN t.lease_until ELSE v.until END \
+           FROM unnest({leases}) AS v(gid, token, until, is_release) \
            WHERE t.gid = v.gid AND t.owner_token = v.token \
            RETURNING t.gid) \
          SELECT gid FROM ci UNION ALL SELECT gid FROM su UNION ALL SELECT gid FROM sr"
@@ -188,7 +192,8 @@ pub(super) async fn write(store: &SqlStore<Postgres>, works: &[Work]) -> Result<
         .bind(column!(a, detail))
         .bind(column!(l, gid))
         .bind(column!(l, token))
-        .bind(column!(l, until));
+        .bind(column!(l, until))
+        .bind(column!(l, is_release));
     let lean = store
         .lean
         .as_ref()

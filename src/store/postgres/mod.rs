@@ -105,6 +105,7 @@ impl StoreDatabase for Postgres {
         lease: &'a Lease,
         now: Millis,
         limit: u32,
+        held: &'a [String],
     ) -> BoxFuture<'a, sqlx::Result<Vec<ClaimedRow>>> {
         async move {
             // SKIP LOCKED: coordinators scanning at the same time take different rows
@@ -115,6 +116,7 @@ impl StoreDatabase for Postgres {
                  FROM (SELECT gid, owner_token FROM idem_global \
                    WHERE status IN {ACTIVE_STATUSES} AND next_attempt_at <= $3 \
                      AND (lease_until IS NULL OR lease_until < $3) \
+                     AND gid <> ALL($5::varchar[]) \
                    ORDER BY next_attempt_at LIMIT $4 FOR UPDATE SKIP LOCKED) old \
                  WHERE g.gid = old.gid \
                  RETURNING g.gid, old.owner_token"
@@ -124,6 +126,7 @@ impl StoreDatabase for Postgres {
                 .bind(lease.until)
                 .bind(now)
                 .bind(i64::from(limit))
+                .bind(held)
                 .fetch_all(&store.pool)
                 .await
         }
@@ -142,7 +145,11 @@ pub async fn connect(
         pools::server_pool::<Postgres>(options, suspicion).connect_lazy_with(connect.clone());
     let mut store = SqlStore::new(pool);
     // The lean pool serves the writers alone (creates and saves, in batches).
-    let writers = connect.options(WRITER_SESSION);
+    let cut = pools::ServerCut::below(options.call_timeout);
+    let writers = connect.options(WRITER_SESSION).options([
+        ("statement_timeout", cut.statement.as_millis().max(1)),
+        ("lock_timeout", cut.lock.as_millis().max(1)),
+    ]);
     store.lean = Some(LeanPool::with_options(writers, pools::lean(options)));
     Ok(store)
 }

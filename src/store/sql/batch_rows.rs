@@ -75,12 +75,15 @@ impl<'a> BranchValues<'a> {
 
 /// A save's conditional update of its global row: the guard (the expected status, and
 /// the owner token or the version), then the new values (`GLOBAL_SET`).
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 pub struct GlobalChange<'a> {
     pub gid: &'a str,
     pub expected: &'a str,
+    /// The owner a driver's save expects (`None`: a request's save, which takes the row
+    /// over from whoever holds it).
     pub guard_token: Option<&'a str>,
-    pub guard_version: Option<i64>,
+    /// The version every save expects.
+    pub guard_version: i64,
     pub status: &'a str,
     pub stalled_from: Option<&'a str>,
     pub attempts: i32,
@@ -123,6 +126,8 @@ pub struct LeaseChange<'a> {
     pub gid: &'a str,
     pub token: &'a str,
     pub until: i64,
+    /// 1: a release, which may end the lease sooner; 0: a renewal, which never does.
+    pub is_release: i32,
 }
 
 /// The rows of one batch. The branch and attempt rows of a create or save are written
@@ -148,6 +153,7 @@ impl<'a> BatchRows<'a> {
                     gid: &r.gid,
                     token: &r.token,
                     until: r.until,
+                    is_release: i32::from(r.release),
                 }),
             }
         }
@@ -195,8 +201,8 @@ impl<'a> BatchRows<'a> {
         let (before, after) = (save.before, save.after);
         let gid = after.gid.as_str();
         let (guard_token, guard_version) = match save.guard {
-            Guard::Owner(token) => (Some(token), None),
-            Guard::Version(version) => (None, Some(version)),
+            Guard::Owner(token, version) => (Some(token), version),
+            Guard::Version(version) => (None, version),
         };
         self.changed.push(GlobalChange {
             gid,

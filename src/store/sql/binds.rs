@@ -24,7 +24,7 @@ macro_rules! bind_global_update {
             .bind(after.gid.as_str())
             .bind(before.status.as_str());
         match save.guard {
-            $crate::store::Guard::Owner(token) => query.bind(token),
+            $crate::store::Guard::Owner(token, version) => query.bind(token).bind(version),
             $crate::store::Guard::Version(version) => query.bind(version),
         }
     }};

@@ -76,12 +76,14 @@ pub trait StoreDatabase: Database + Sized {
         None
     }
 
-    /// Claims due rows for `lease` and returns their gids with the owner token each had.
+    /// Claims due rows for `lease`, none of `held`, and returns their gids with the owner
+    /// token each had.
     fn claim<'a>(
         store: &'a SqlStore<Self>,
         lease: &'a Lease,
         now: Millis,
         limit: u32,
+        held: &'a [String],
     ) -> BoxFuture<'a, sqlx::Result<Vec<ClaimedRow>>>;
 }
 
@@ -98,7 +100,7 @@ pub struct SqlStore<DB: StoreDatabase> {
     /// What a readiness check looks at beyond `SELECT 1` answering (SQLite: its file).
     pub ready_check: Option<Box<dyn Fn() -> Result<()> + Send + Sync>>,
     /// Set by [`SqlStore::start_group_commit`]: writes go through the writer tasks.
-    batch: std::sync::OnceLock<tokio::sync::mpsc::Sender<group_commit::Job>>,
+    batch: std::sync::OnceLock<group_commit::Queue>,
     /// See [`super::ConnectOptions::max_branches`].
     max_branches: usize,
 }
@@ -150,6 +152,12 @@ where
         query = query.bind(gid.as_str());
     }
     query
+}
+
+/// `held` as a JSON array of strings: how SQLite and MySQL take a list of any length as
+/// one parameter.
+pub(in crate::store) fn json_list(held: &[String]) -> sqlx::Result<String> {
+    serde_json::to_string(held).map_err(|e| sqlx::Error::Encode(Box::new(e)))
 }
 
 pub(in crate::store) fn is_unique_violation(e: &sqlx::Error) -> bool {

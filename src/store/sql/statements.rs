@@ -27,6 +27,7 @@ pub struct Statements {
     pub update_global_by_version: Arc<str>,
     pub lock_prepared: Arc<str>,
     pub renew: Arc<str>,
+    pub release: Arc<str>,
     pub select_attempts: Arc<str>,
     pub(super) insert_branches: Vec<Arc<str>>,
     pub(super) insert_attempts: Vec<Arc<str>>,
@@ -56,7 +57,7 @@ impl Statements {
                 "SELECT {BRANCH_COLUMNS} FROM idem_branch WHERE gid = ? ORDER BY seq, branch_id, action"
             )),
             update_global_owned: t(format!(
-                "UPDATE idem_global SET {GLOBAL_SET} WHERE gid = ? AND status = ? AND owner_token = ?"
+                "UPDATE idem_global SET {GLOBAL_SET} WHERE gid = ? AND status = ? AND owner_token = ? AND version = ?"
             )),
             update_global_by_version: t(format!(
                 "UPDATE idem_global SET {GLOBAL_SET} WHERE gid = ? AND status = ? AND version = ?"
@@ -67,6 +68,11 @@ impl Statements {
                     .into(),
             ),
             renew: t(
+                "UPDATE idem_global SET lease_until = CASE WHEN lease_until > ? THEN lease_until ELSE ? END \
+                 WHERE gid = ? AND owner_token = ?"
+                    .into(),
+            ),
+            release: t(
                 "UPDATE idem_global SET lease_until = ? WHERE gid = ? AND owner_token = ?".into(),
             ),
             select_attempts: t(format!(

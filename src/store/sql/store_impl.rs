@@ -159,11 +159,18 @@ where
         }
     }
 
-    async fn claim_due(&self, lease: &Lease, now: Millis, limit: u32) -> Result<Vec<Claimed>> {
-        let mut previous: HashMap<String, Option<String>> = DB::claim(self, lease, now, limit)
-            .await?
-            .into_iter()
-            .collect();
+    async fn claim_due(
+        &self,
+        lease: &Lease,
+        now: Millis,
+        limit: u32,
+        held: &[String],
+    ) -> Result<Vec<Claimed>> {
+        let mut previous: HashMap<String, Option<String>> =
+            DB::claim(self, lease, now, limit, held)
+                .await?
+                .into_iter()
+                .collect();
         let gids: Vec<String> = previous.keys().cloned().collect();
         // A claimed row can only change under our token now, so reading it after the claim
         // is consistent.
@@ -277,16 +284,11 @@ where
     }
 
     async fn renew(&self, gid: &str, token: &str, until: Millis) -> Result<bool> {
-        if let Some(queue) = self.batch.get() {
-            return group_commit::renew(queue, gid, token, until).await;
-        }
-        let done = q::<DB>(&self.sql.renew)
-            .bind(until)
-            .bind(gid)
-            .bind(token)
-            .execute(&self.pool)
-            .await?;
-        Ok(DB::rows_affected(&done) == 1)
+        self.lease_change(gid, token, until, false).await
+    }
+
+    async fn release(&self, gid: &str, token: &str, now: Millis) -> Result<bool> {
+        self.lease_change(gid, token, now, true).await
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Page> {

@@ -205,8 +205,8 @@ where
                     JobResult::Saved(self.save_in(db.conn(), &save, &groups).await?)
                 }
                 Work::Renew(r) => {
-                    let done = q::<DB>(&self.sql.renew)
-                        .bind(r.until)
+                    let done = self
+                        .lease_update(r.until, r.release)
                         .bind(r.gid.as_str())
                         .bind(r.token.as_str())
                         .execute(&mut *db.conn())
@@ -225,14 +225,52 @@ where
     where
         DB: 'static,
     {
-        if let Some(jobs) = group_commit::queue(&self.batch) {
+        if self.batch.set(group_commit::Queue::new()).is_ok() {
+            let queue = self.batch.get().expect("set just now");
             group_commit::spawn_writers(
                 Arc::downgrade(self),
-                jobs,
+                queue,
                 settings,
                 |store, works| async move { store.write_batch(&works).await },
             );
         }
+    }
+
+    /// A renewal's or a release's UPDATE with its new expiry bound; the gid and token
+    /// follow.
+    pub(in crate::store) fn lease_update(
+        &self,
+        until: crate::core::Millis,
+        release: bool,
+    ) -> sqlx::query::Query<'static, DB, DB::Arguments>
+    where
+        for<'q> i64: Encode<'q, DB> + Type<DB>,
+    {
+        if release {
+            q::<DB>(&self.sql.release).bind(until)
+        } else {
+            q::<DB>(&self.sql.renew).bind(until).bind(until)
+        }
+    }
+
+    /// A renewal or a release, through the writers when they run.
+    pub(in crate::store) async fn lease_change(
+        &self,
+        gid: &str,
+        token: &str,
+        until: crate::core::Millis,
+        release: bool,
+    ) -> Result<bool> {
+        if let Some(queue) = self.batch.get() {
+            return group_commit::renew(queue, gid, token, until, release).await;
+        }
+        let done = self
+            .lease_update(until, release)
+            .bind(gid)
+            .bind(token)
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
     }
 
     /// The conditional UPDATE of the global row for a save.
@@ -241,7 +279,7 @@ where
         save: &'s Save<'s>,
     ) -> sqlx::query::Query<'static, DB, DB::Arguments> {
         let sql = match save.guard {
-            Guard::Owner(_) => &self.sql.update_global_owned,
+            Guard::Owner(..) => &self.sql.update_global_owned,
             Guard::Version(_) => &self.sql.update_global_by_version,
         };
         bind_global_update!(q::<DB>(sql), save)

@@ -120,7 +120,8 @@ static BATCH: LazyLock<String> = LazyLock::new(|| {
             "INSERT INTO idem_written (kind, gid) SELECT 's', v.gid FROM {} AS v \
              JOIN idem_global g ON g.gid = v.gid \
              WHERE g.status = v.expected \
-               AND (g.owner_token = v.guard_token OR g.version = v.guard_version)",
+               AND g.version = v.guard_version \
+               AND (v.guard_token IS NULL OR g.owner_token = v.guard_token)",
             rows_of("?", CHANGE_KEYS)
         ),
         format!(
@@ -128,8 +129,10 @@ static BATCH: LazyLock<String> = LazyLock::new(|| {
                attempts = v.attempts, next_attempt_at = v.next_attempt_at, \
                last_error = v.last_error, reason = v.reason, timeout_at = v.timeout_at, \
                updated_at = v.updated_at, finished_at = v.finished_at, \
-               owner_token = v.owner_token, lease_until = v.lease_until, \
-               version = idem_global.version + 1 \
+               owner_token = v.owner_token, version = idem_global.version + 1, \
+               lease_until = CASE WHEN idem_global.owner_token = v.owner_token \
+                 AND idem_global.lease_until > v.lease_until \
+                 THEN idem_global.lease_until ELSE v.lease_until END \
              FROM {} AS v WHERE idem_global.gid = v.gid AND v.gid IN {saved}",
             rows_of("?", CHANGE_KEYS)
         ),
@@ -152,12 +155,13 @@ static BATCH: LazyLock<String> = LazyLock::new(|| {
         format!(
             "INSERT INTO idem_written (kind, gid) SELECT 'r', v.gid FROM {} AS v \
              JOIN idem_global g ON g.gid = v.gid AND g.owner_token = v.token",
-            rows_of("?", &["gid", "token", "until"])
+            rows_of("?", &["gid", "token", "until", "is_release"])
         ),
         format!(
-            "UPDATE idem_global SET lease_until = v.until FROM {} AS v \
-             WHERE idem_global.gid = v.gid AND v.gid IN {renewed}",
-            rows_of("?", &["gid", "token", "until"])
+            "UPDATE idem_global SET lease_until = CASE WHEN v.is_release = 0 \
+               AND idem_global.lease_until > v.until THEN idem_global.lease_until ELSE v.until END \
+             FROM {} AS v WHERE idem_global.gid = v.gid AND v.gid IN {renewed}",
+            rows_of("?", &["gid", "token", "until", "is_release"])
         ),
         "SELECT gid FROM idem_written".to_owned(),
         "DELETE FROM idem_written".to_owned(),

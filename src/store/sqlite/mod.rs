@@ -16,7 +16,7 @@ use sqlx::sqlite::{
 use sqlx::{Pool, Sqlite};
 
 use super::sql::group_commit::{JobResult, Work};
-use super::sql::{ACTIVE_STATUSES, ClaimedRow, SqlStore, StoreDatabase, take_over};
+use super::sql::{ACTIVE_STATUSES, ClaimedRow, SqlStore, StoreDatabase, json_list, take_over};
 use super::{ConnectOptions, Lease, Result};
 use crate::core::Millis;
 
@@ -55,6 +55,7 @@ impl StoreDatabase for Sqlite {
         lease: &'a Lease,
         now: Millis,
         limit: u32,
+        held: &'a [String],
     ) -> BoxFuture<'a, sqlx::Result<Vec<ClaimedRow>>> {
         async move {
             // RETURNING shows only the new row, so the old owners are read first, in the
@@ -63,12 +64,14 @@ impl StoreDatabase for Sqlite {
                 "SELECT gid, owner_token FROM idem_global \
                  WHERE status IN {ACTIVE_STATUSES} AND next_attempt_at <= ? \
                    AND (lease_until IS NULL OR lease_until < ?) \
+                   AND gid NOT IN (SELECT value FROM json_each(?)) \
                  ORDER BY next_attempt_at LIMIT ?"
             );
             let mut db = Self::BACKEND.begin(&store.pool).await?;
             let rows: Vec<ClaimedRow> = sqlx::query_as(sqlx::AssertSqlSafe(select))
                 .bind(now)
                 .bind(now)
+                .bind(json_list(held)?)
                 .bind(i64::from(limit))
                 .fetch_all(&mut *db)
                 .await?;
