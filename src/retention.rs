@@ -9,7 +9,10 @@
 //! other's rows, and a deleted row is deleted once.
 //!
 //! A gid is the idempotency key of a client's request only for as long as its row is kept:
-//! a client repeating a request after the window creates a new transaction.
+//! a client repeating a request after the window creates a new transaction and its steps
+//! run again. So the window may not be shorter than the longest time a client keeps
+//! repeating a request, which the operator states (`--client-retry-period-ms`):
+//! [`check_window`] refuses such a configuration at start.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +27,10 @@ pub const DEFAULT_RETENTION_MS: u64 = 7 * 86_400_000;
 pub const DEFAULT_RETENTION_INTERVAL_MS: u64 = 60_000;
 /// Gids per batch unless told otherwise.
 pub const DEFAULT_RETENTION_BATCH: u32 = 500;
+
+/// One day: how long clients are taken to keep repeating a request unless the operator
+/// says otherwise.
+pub const DEFAULT_CLIENT_RETRY_PERIOD_MS: u64 = 86_400_000;
 
 /// The counter of rows removed, by table (`global`, `branch`, `attempt`).
 pub const ROWS_DELETED: &str = "idem_retention_rows_deleted_total";
@@ -62,6 +69,25 @@ impl RetentionConfig {
             batch: batch.max(1),
         }
     }
+}
+
+/// Refuses a retention window (`--retention-ms`; 0: none, every transaction is kept) shorter
+/// than the longest time a client keeps repeating a request (`--client-retry-period-ms`):
+/// a repeat arriving after its transaction was deleted would create it again and run its
+/// steps a second time. The message names both settings, as flags and as keys of the
+/// configuration file, and both values.
+pub fn check_window(retention_ms: u64, client_retry_period_ms: u64) -> Result<(), String> {
+    if retention_ms == 0 || retention_ms >= client_retry_period_ms {
+        return Ok(());
+    }
+    Err(format!(
+        "--retention-ms (retention_ms) is {retention_ms} ms, shorter than \
+         --client-retry-period-ms (client_retry_period_ms), {client_retry_period_ms} ms: a \
+         client repeating a request after its transaction was deleted would create it again \
+         and run its steps twice. Keep finished transactions at least as long as clients \
+         retry (retention_ms >= {client_retry_period_ms}, or 0 to keep them for ever), or \
+         state the shorter period your clients really retry for"
+    ))
 }
 
 /// One pass: every batch of transactions that finished more than `window` ago on the
@@ -137,6 +163,27 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_shorter_than_the_clients_retries_is_refused() {
+        let day = DEFAULT_CLIENT_RETRY_PERIOD_MS;
+        assert_eq!(check_window(DEFAULT_RETENTION_MS, day), Ok(()));
+        assert_eq!(check_window(day, day), Ok(()));
+        assert_eq!(check_window(0, day), Ok(()), "0 keeps everything");
+        assert_eq!(check_window(0, u64::MAX), Ok(()));
+        assert_eq!(check_window(1, 0), Ok(()));
+        let refused = check_window(day - 1, day).unwrap_err();
+        for named in [
+            "--retention-ms",
+            "retention_ms",
+            "86399999 ms",
+            "--client-retry-period-ms",
+            "client_retry_period_ms",
+            "86400000 ms",
+        ] {
+            assert!(refused.contains(named), "{named}: {refused}");
+        }
+    }
 
     #[test]
     fn a_zero_window_keeps_everything_and_values_are_floored() {

@@ -167,7 +167,7 @@ async fn a_create_whose_client_hangs_up_mid_write_still_drives_its_saga() {
             gid: "hung-up".into(),
             steps: vec![step.clone(), step],
             options: TxOptions::default(),
-            request: json!({"gid": "hung-up"}),
+            request: std::sync::Arc::new(json!({"gid": "hung-up"})),
             trace: None,
         });
         let polled = create.now_or_never();

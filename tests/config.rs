@@ -179,6 +179,118 @@ fn a_bad_file_is_an_error_naming_the_key_and_the_file() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/idem.toml"));
 }
 
+/// Settings as a test gives them: a file's text, flags and environment variables.
+struct Given<'a> {
+    file: &'a str,
+    flags: &'a [&'a str],
+    env: &'a [(&'a str, &'a str)],
+}
+
+/// A retention window shorter than the clients' retry period would let a late repeat run
+/// a transaction's steps again: `serve` (and `config`, which shows what `serve` would run
+/// with) refuse it before anything starts, however each value is given.
+#[test]
+fn a_retention_window_below_the_clients_retry_period_is_refused_at_start() {
+    let dir = scratch("retention_floor");
+    let file = dir.join("idem.toml");
+    let path = file.to_str().unwrap();
+    const HOUR: &str = "3600000";
+    let given = |file, flags, env| Given { file, flags, env };
+    // What is given, and the two values the message names.
+    let refused = [
+        (
+            given("", &["--retention-ms", HOUR], &[]),
+            [HOUR, "86400000"],
+        ),
+        (
+            given("", &[], &[("IDEM_RETENTION_MS", HOUR)]),
+            [HOUR, "86400000"],
+        ),
+        (
+            given("retention_ms = 3600000\n", &[], &[]),
+            [HOUR, "86400000"],
+        ),
+        (
+            given("", &["--client-retry-period-ms", "700000000"], &[]),
+            ["604800000", "700000000"],
+        ),
+        (
+            given("", &[], &[("IDEM_CLIENT_RETRY_PERIOD_MS", "700000000")]),
+            ["604800000", "700000000"],
+        ),
+        (
+            given(
+                "retention_ms = 3600000\nclient_retry_period_ms = 3600001\n",
+                &[],
+                &[],
+            ),
+            [HOUR, "3600001"],
+        ),
+    ];
+    for (g, values) in refused {
+        std::fs::write(&file, g.file).unwrap();
+        for command in ["serve", "config"] {
+            let mut args = vec![command, "--config", path, "--listen", "127.0.0.1:0"];
+            args.extend(g.flags);
+            let mut env = g.env.to_vec();
+            env.push(("IDEM_DATABASE_URL", "sqlite::memory:"));
+            let out = idem(&args, &env);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let case = format!("{command} {:?} {:?} {:?}", g.file, g.flags, g.env);
+            assert_eq!(out.status.code(), Some(2), "{case}: {stderr}");
+            for named in [
+                "--retention-ms",
+                "retention_ms",
+                "--client-retry-period-ms",
+                "client_retry_period_ms",
+            ] {
+                assert!(stderr.contains(named), "{case}: {named} in {stderr}");
+            }
+            for value in values {
+                assert!(stderr.contains(&format!("{value} ms")), "{case}: {stderr}");
+            }
+        }
+    }
+    // 0 keeps everything; a window as long as the period is enough; each value is read
+    // from wherever it is given, as every option is.
+    let accepted = [
+        given(
+            "client_retry_period_ms = 2592000000\n",
+            &["--retention-ms", "0"],
+            &[],
+        ),
+        given(
+            "retention_ms = 3600000\n",
+            &[],
+            &[("IDEM_CLIENT_RETRY_PERIOD_MS", HOUR)],
+        ),
+        given(
+            "",
+            &["--retention-ms", HOUR, "--client-retry-period-ms", HOUR],
+            &[],
+        ),
+    ];
+    for g in accepted {
+        std::fs::write(&file, g.file).unwrap();
+        let mut args = vec!["config", "--config", path];
+        args.extend(g.flags);
+        let got = report(&idem(&args, g.env));
+        let (period, _) = entry(&got, "client_retry_period_ms");
+        let (window, _) = entry(&got, "retention_ms");
+        assert!(
+            window == "0" || window.parse::<u64>().unwrap() >= period.parse().unwrap(),
+            "{:?} {:?}: {window} {period}",
+            g.file,
+            g.flags
+        );
+    }
+    let got = report(&idem(&["config"], &[]));
+    assert_eq!(
+        entry(&got, "client_retry_period_ms"),
+        ("86400000".to_owned(), "default".to_owned())
+    );
+}
+
 #[test]
 fn idem_config_redacts_database_passwords() {
     let dir = scratch("redact");

@@ -386,6 +386,7 @@ fn the_sdk_settings_default_to_the_serve_flags() {
             max_branches: args.max_branches,
             lease_ms: args.lease_ms as u64,
             recovery_interval_ms: args.recovery_interval_ms,
+            client_retry_period_ms: args.client_retry_period_ms,
         }
     );
     assert_eq!(args.retention_ms, 7 * DAY as u64);

@@ -44,13 +44,15 @@ pub enum LoadError {
     Usage(clap::Error),
     /// The configuration file cannot be read, is not TOML, or has a bad key or value.
     File(String),
+    /// Settings that are each valid but contradict each other (the message names them).
+    Settings(String),
 }
 
 impl std::fmt::Display for LoadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LoadError::Usage(e) => write!(f, "{e}"),
-            LoadError::File(e) => f.write_str(e),
+            LoadError::File(e) | LoadError::Settings(e) => f.write_str(e),
         }
     }
 }
@@ -59,11 +61,12 @@ impl std::error::Error for LoadError {}
 
 impl LoadError {
     /// Prints the error and exits: clap's errors as clap prints them (help and version
-    /// with status 0), a file's as `bin: message` with status 2, that of a usage error.
+    /// with status 0), a file's and contradicting settings as `bin: message` with status
+    /// 2, that of a usage error.
     pub fn exit(self, bin: &str) -> ! {
         match self {
             LoadError::Usage(e) => e.exit(),
-            LoadError::File(e) => {
+            LoadError::File(e) | LoadError::Settings(e) => {
                 eprintln!("{bin}: {e}");
                 std::process::exit(2)
             }

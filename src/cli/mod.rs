@@ -79,11 +79,16 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Cli {
     /// Parses `argv`, with the values of a `--config` file under the flags and their
-    /// environment variables.
+    /// environment variables, and checks that `serve`'s settings agree.
     pub fn load(
         argv: impl IntoIterator<Item = impl Into<std::ffi::OsString>>,
     ) -> Result<Loaded<Cli>, LoadError> {
-        config::load(argv)
+        let loaded: Loaded<Cli> = config::load(argv)?;
+        // `config` prints what `serve` would run with: it refuses what `serve` refuses.
+        if let Command::Serve(args) | Command::Config(args) = &loaded.cli.command {
+            args.check().map_err(LoadError::Settings)?;
+        }
+        Ok(loaded)
     }
 
     /// How this command logs: the server as configured; the operator's commands only

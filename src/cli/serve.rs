@@ -157,9 +157,15 @@ pub struct ServeArgs {
     /// How long a finished (succeeded or failed) transaction is kept, with its branch and
     /// attempt rows, after it finished, in ms; then retention deletes it. 0 keeps every
     /// transaction for ever. A stalled or unfinished one is never deleted. A client that
-    /// repeats a request after this creates a new transaction under the same gid.
+    /// repeats a request after this creates a new transaction under the same gid, so it may
+    /// not be shorter than `--client-retry-period-ms`.
     #[arg(long, env = "IDEM_RETENTION_MS", default_value_t = crate::retention::DEFAULT_RETENTION_MS)]
     pub retention_ms: u64,
+    /// The longest time your clients keep repeating a request, in ms (from its first
+    /// sending to its last retry, a Try they call themselves included). idem refuses to
+    /// start with a `--retention-ms` below it, other than 0.
+    #[arg(long, env = "IDEM_CLIENT_RETRY_PERIOD_MS", default_value_t = crate::retention::DEFAULT_CLIENT_RETRY_PERIOD_MS)]
+    pub client_retry_period_ms: u64,
     /// How often retention looks for finished transactions past `--retention-ms`, in ms.
     #[arg(long, env = "IDEM_RETENTION_INTERVAL_MS", default_value_t = crate::retention::DEFAULT_RETENTION_INTERVAL_MS,
           value_parser = clap::value_parser!(u64).range(10..))]
@@ -260,6 +266,14 @@ pub struct ServeArgs {
     pub console_trace_url: Option<String>,
 }
 
+impl ServeArgs {
+    /// Refuses settings that contradict each other; `idem serve` checks them before it
+    /// starts (exit status 2, as for a bad flag).
+    pub fn check(&self) -> Result<(), String> {
+        crate::retention::check_window(self.retention_ms, self.client_retry_period_ms)
+    }
+}
+
 fn parse_tenant(name: &str) -> Result<String, String> {
     crate::tenant::check_tenant(name).map(|()| name.to_owned())
 }
@@ -294,6 +308,7 @@ where
 /// signing key, outbound policy, outbound CA bundle or client certificate, or on half a
 /// TLS pair (the API's certificate files are read when the server starts).
 pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
+    args.check()?;
     let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
     config.engine.node_is_unique = args.node.is_some();
     config.engine.node = args

@@ -30,7 +30,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::canonical::request_hash;
+use crate::canonical::{CanonicalRequest, request_hash};
 use crate::core::{
     self, Action, Branch, BranchKey, CoreError, Ctx, Event, Kind, Millis, Next, SagaStep, Status,
     TraceContext, Transaction, Transition, TxOptions,
@@ -123,7 +123,7 @@ pub struct NewSaga {
     pub steps: Vec<SagaStep>,
     pub options: TxOptions,
     /// The canonical request, hashed to recognise a repeat.
-    pub request: serde_json::Value,
+    pub request: Arc<dyn CanonicalRequest>,
     /// The client's trace context; `None` starts a trace for the transaction.
     pub trace: Option<TraceContext>,
 }
@@ -140,7 +140,7 @@ pub struct NewPrepared {
     pub query_prepared: Option<String>,
     /// TCC: branches registered with the transaction, in the same database write.
     pub branches: Vec<Branch>,
-    pub request: serde_json::Value,
+    pub request: Arc<dyn CanonicalRequest>,
     /// The client's trace context; `None` starts a trace for the transaction.
     pub trace: Option<TraceContext>,
 }

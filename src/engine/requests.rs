@@ -27,7 +27,7 @@ impl Engine {
         let admission = self.admit();
         let lease = admission.as_ref().map(|_| self.new_lease(now));
         let outcome = self
-            .create(tx.clone(), &new.request, lease.as_ref())
+            .create(tx.clone(), new.request.as_ref(), lease.as_ref())
             .await?;
         if let (true, Some(lease), Some(admission)) = (outcome.created, lease, admission) {
             let t =
@@ -60,16 +60,16 @@ impl Engine {
         if new.kind == Kind::Tcc {
             tx.add_branches(new.branches);
         }
-        self.create(tx, &new.request, None).await
+        self.create(tx, new.request.as_ref(), None).await
     }
 
     pub(super) async fn create(
         &self,
         tx: Transaction,
-        request: &serde_json::Value,
+        request: &dyn CanonicalRequest,
         lease: Option<&Lease>,
     ) -> Result<CreateOutcome, EngineError> {
-        let hash = request_hash(request);
+        let hash = request_hash(request.canonical());
         let kind = tx.kind;
         match self.store.create(&tx, &hash, lease).await? {
             Created::Inserted => {
@@ -87,7 +87,9 @@ impl Engine {
                     created: true,
                 })
             }
-            Created::Exists(existing) if existing.request_hash == hash => {
+            Created::Exists(existing)
+                if request.repeats(&existing.request_hash, &existing.tx.options) =>
+            {
                 self.observer.create(kind, Creation::Repeat);
                 Ok(CreateOutcome {
                     stored: *existing,

@@ -16,13 +16,22 @@
 //! - **a late Confirm is refused for ever** when its Try's row is gone (the barrier only
 //!   confirms an executed Try): the branch stalls.
 //!
-//! So a row must outlive every call the coordinator may still make for its transaction,
-//! that is the longest time a transaction can stay unfinished: the prepared timeout, then
-//! each branch operation's whole retry schedule (attempts with capped exponential backoff,
-//! each call up to its request timeout, "in progress" answers up to their own cap), saga
-//! steps one after another, a coordinator's lease to be taken over, and the time a stalled
-//! transaction waits for an operator's `idem tx retry`. That last one has no bound in the
-//! coordinator: [`BarrierRetention`] takes it from you as `operator_bound`.
+//! So a row must outlive the latest moment any call for its transaction can arrive:
+//!
+//! - **a Cancel, Confirm or saga call from the coordinator**: the longest time a
+//!   transaction can stay unfinished. The transaction timeout, a Try in flight at it (a
+//!   request timeout), then each branch operation's whole retry budget (attempts with
+//!   capped exponential backoff, each call up to its request timeout, "in progress" answers
+//!   up to their own cap), saga steps one after another, a coordinator's lease to be taken
+//!   over, and the time a stalled transaction waits for an operator's `idem tx retry`. That
+//!   last one has no bound in the coordinator: [`BarrierRetention`] takes it from you as
+//!   `operator_bound`.
+//! - **a Try your client calls itself** (directly, or through idem's `register` with a
+//!   `try` URL): the client may call it while the transaction is prepared, up to its
+//!   timeout, and keeps repeating it for as long as it retries a request
+//!   ([`CoordinatorSettings::client_retry_period_ms`], `idem serve
+//!   --client-retry-period-ms`), each call up to a request timeout. The Cancel's guard row
+//!   that rejects it may have been written at the transaction's very start.
 
 use std::time::Duration;
 
@@ -57,6 +66,10 @@ pub struct CoordinatorSettings {
     pub lease_ms: u64,
     /// How often a coordinator looks for them (`--recovery-interval-ms`).
     pub recovery_interval_ms: u64,
+    /// The longest time a client keeps repeating a request, a Try it calls itself
+    /// included (`--client-retry-period-ms`). Give your slowest client's: one that retries
+    /// a Try for a week sends it up to a week after its Cancel may have come.
+    pub client_retry_period_ms: u64,
 }
 
 impl Default for CoordinatorSettings {
@@ -72,6 +85,7 @@ impl Default for CoordinatorSettings {
             max_branches: 100,
             lease_ms: 15_000,
             recovery_interval_ms: 1_000,
+            client_retry_period_ms: 86_400_000,
         }
     }
 }
@@ -123,12 +137,27 @@ impl CoordinatorSettings {
         let saga = op.saturating_mul(self.max_branches.max(1).saturating_mul(2));
         tcc.max(msg).max(saga)
     }
+
+    /// The latest a Try that your client calls itself can arrive, counted from its
+    /// transaction's creation: the transaction timeout (the client may call it while the
+    /// transaction is prepared), a request timeout (that call in flight) and the client's
+    /// retry period (its repeats of it).
+    pub fn latest_client_try(&self) -> Duration {
+        Duration::from_millis(
+            self.prepared_timeout_ms
+                .saturating_add(self.request_timeout_ms)
+                .saturating_add(self.client_retry_period_ms),
+        )
+    }
 }
 
-/// The barrier rows' safe retention: [`CoordinatorSettings::longest_unfinished`] until a
-/// transaction may first stall, the operator's bound on how long a stalled transaction
-/// waits, the same schedule again after the operator's last `tx retry` (which gives the
-/// calls fresh attempts), and a margin.
+/// The barrier rows' safe retention: the later of the last coordinator call and the last
+/// client-called Try, and a margin. The coordinator calls until
+/// [`CoordinatorSettings::longest_unfinished`] (when a transaction may first stall), then
+/// for as long as the operator lets a stalled transaction wait, then the same schedule
+/// again after the operator's last `tx retry` (which gives the calls fresh attempts); a
+/// client's Try comes until [`CoordinatorSettings::latest_client_try`]. Both are counted
+/// from the transaction's creation, which every one of its rows follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BarrierRetention {
     /// The coordinator's settings.
@@ -156,9 +185,11 @@ impl BarrierRetention {
     /// The age past which a barrier row may be purged.
     pub fn window(&self) -> Duration {
         let unfinished = self.coordinator.longest_unfinished();
-        unfinished
+        let last_coordinator_call = unfinished
             .saturating_add(self.operator_bound)
-            .saturating_add(unfinished)
+            .saturating_add(unfinished);
+        last_coordinator_call
+            .max(self.coordinator.latest_client_try())
             .saturating_add(self.margin)
     }
 }
@@ -287,6 +318,10 @@ mod tests {
                 lease_ms: 60_000,
                 ..base.coordinator
             },
+            CoordinatorSettings {
+                client_retry_period_ms: 10_000 * HOUR,
+                ..base.coordinator
+            },
         ];
         for coordinator in longer {
             let r = BarrierRetention {
@@ -303,6 +338,36 @@ mod tests {
     }
 
     #[test]
+    fn the_window_covers_a_try_the_client_sends_until_its_retries_end() {
+        // Clients that retry for 30 days, one-step sagas, operators that retry at once: the
+        // client's own Try is the latest call, not the coordinator's.
+        let s = CoordinatorSettings {
+            client_retry_period_ms: 30 * 24 * HOUR,
+            max_branches: 1,
+            ..CoordinatorSettings::default()
+        };
+        let latest_try = Duration::from_millis(60_000 + 5_000 + 30 * 24 * HOUR);
+        assert_eq!(s.latest_client_try(), latest_try);
+        let r = BarrierRetention::new(s, Duration::ZERO);
+        assert!(s.longest_unfinished() * 2 < latest_try);
+        assert_eq!(r.window(), latest_try + r.margin);
+        // The transaction's own timeout, and each call's, move it as far.
+        let later = CoordinatorSettings {
+            prepared_timeout_ms: 10 * HOUR,
+            request_timeout_ms: 600_000,
+            ..s
+        };
+        let r2 = BarrierRetention::new(later, Duration::ZERO);
+        assert_eq!(
+            r2.window(),
+            r.window() + Duration::from_millis(10 * HOUR - 60_000 + 600_000 - 5_000)
+        );
+        // With the defaults (a one-day period) the coordinator's calls come later.
+        let d = BarrierRetention::new(CoordinatorSettings::default(), Duration::ZERO);
+        assert!(d.coordinator.latest_client_try() < d.coordinator.longest_unfinished());
+    }
+
+    #[test]
     fn extreme_settings_saturate_instead_of_overflowing() {
         let s = CoordinatorSettings {
             prepared_timeout_ms: u64::MAX,
@@ -314,6 +379,7 @@ mod tests {
             max_branches: u32::MAX,
             lease_ms: u64::MAX,
             recovery_interval_ms: u64::MAX,
+            client_retry_period_ms: u64::MAX,
         };
         let r = BarrierRetention::new(s, Duration::MAX);
         assert_eq!(r.window(), Duration::MAX);

@@ -145,9 +145,10 @@ pub async fn barrier_records_in<DB: BarrierDatabase>(
 
 /// Deletes barrier rows older than `retention`; returns how many.
 ///
-/// The retention must exceed the longest time the coordinator may still deliver a call for
-/// a global transaction (its timeout plus its whole retry schedule): a Try arriving after
-/// its guard was purged would run, and a Confirm first arriving (or first succeeding) after
+/// The retention must exceed the latest moment a call for a global transaction can still
+/// arrive: the coordinator's (its timeout plus its whole retry schedule) and a Try your
+/// client calls itself (its timeout, a request timeout and the client's retry period). A
+/// Try arriving after its guard was purged would run, and a Confirm first arriving (or first succeeding) after
 /// its Try's row was purged is refused on every retry, leaving the branch stuck, and a late
 /// Cancel whose Try row is gone records an empty rollback while the Try's effect stays.
 /// Never purge more eagerly than that: [`crate::BarrierRetention`] derives the window from

@@ -3,6 +3,7 @@
 //! (`validate::OPTIONS`), so they are judged as the native door's are.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -12,10 +13,11 @@ use serde_json::{Number, Value};
 use super::DtmError;
 use crate::api::AppState;
 use crate::api::error::ApiError;
+use crate::api::identity::Identity;
 use crate::api::validate::{
     Given, Limits, MAX_ATTEMPTS, MAX_CUSTOM_DATA_LEN, Overrides, REQUEST_TIMEOUT, RETRY_INTERVAL,
-    TIMEOUT, check_branch_count, check_id, check_payload, check_text, check_url, parse_body,
-    parse_orders,
+    Stated, TIMEOUT, check_branch_count, check_id, check_payload, check_text, check_url,
+    parse_body, parse_orders,
 };
 use crate::core::{Kind, Millis, Protocol, SagaStep, TxOptions};
 
@@ -52,7 +54,7 @@ pub struct Trans {
     pub(super) query_prepared: Option<String>,
     pub(super) wait_result: bool,
     pub(super) reason: Option<String>,
-    pub(super) identity: Value,
+    pub(super) identity: Arc<Identity>,
 }
 
 /// DTM's steps (action, compensate, payload) as a saga's.
@@ -167,21 +169,19 @@ pub fn parse_trans(
             .collect(),
         branch_headers: req.branch_headers.clone().unwrap_or_default(),
     };
-    let dtm_defaults = TxOptions {
-        protocol: Protocol::Dtm,
-        ..defaults.clone()
-    };
-    let mut options = overrides.apply(dtm_defaults)?;
+    let mut stated = overrides.check()?;
+    stated.protocol = Protocol::Dtm;
     if let Some(custom) = req.custom_data.as_deref().filter(|c| !c.is_empty()) {
         check_text("custom_data", custom, MAX_CUSTOM_DATA_LEN)?;
-        apply_custom_data(kind, custom, steps.len(), &mut options)?;
+        apply_custom_data(kind, custom, steps.len(), &mut stated)?;
     }
+    let options = stated.onto(defaults);
 
     // The same identity as the native door's for the same transaction: the steps and the
     // options as stored.
     let query_prepared = req.query_prepared.clone().filter(|q| !q.is_empty());
     let identity = match kind {
-        Kind::Saga => crate::api::identity::saga(&gid, &saga_steps(&steps), &options),
+        Kind::Saga => crate::api::identity::saga(&gid, &saga_steps(&steps), &options, stated),
         Kind::Tcc | Kind::Msg => crate::api::identity::prepared(
             &gid,
             kind,
@@ -189,6 +189,7 @@ pub fn parse_trans(
             &[],
             query_prepared.as_deref(),
             &options,
+            stated,
         ),
     };
     Ok(Trans {
@@ -209,7 +210,7 @@ fn apply_custom_data(
     kind: Kind,
     custom: &str,
     steps: usize,
-    options: &mut TxOptions,
+    stated: &mut Stated,
 ) -> Result<(), ApiError> {
     #[derive(Deserialize)]
     struct Custom {
@@ -228,8 +229,8 @@ fn apply_custom_data(
         ));
     }
     if kind == Kind::Saga {
-        options.concurrent = custom.concurrent;
-        options.orders = parse_orders(custom.orders, steps).map_err(bad)?;
+        stated.concurrent = custom.concurrent;
+        stated.orders = parse_orders(custom.orders, steps).map_err(bad)?;
     }
     Ok(())
 }
@@ -280,6 +281,69 @@ mod tests {
             let set: Vec<_> = given.iter().filter(|(_, v)| v.is_some()).collect();
             assert_eq!(set.len(), 1, "{field}");
             assert_eq!(set[0].0, field);
+        }
+    }
+
+    /// DTM's clients send every field, 0 meaning "unset": those take the stored
+    /// transaction's values when a repeat is judged, not today's defaults.
+    #[test]
+    fn a_repeat_is_judged_as_of_the_stored_options() {
+        use crate::canonical::{CanonicalRequest, request_hash};
+        use serde_json::json;
+        let parse = |body: &Value, defaults: &TxOptions| {
+            let bytes = Ok(Bytes::from(body.to_string()));
+            parse_trans(bytes, defaults, &Limits::default())
+                .unwrap_or_else(|e| panic!("{body}: {}", e.0.message))
+        };
+        let today = TxOptions {
+            request_timeout_ms: 7_000,
+            retry_interval_ms: 2_000,
+            max_retry_interval_ms: 5_000,
+            max_attempts: 3,
+            max_in_progress_ms: 9_000,
+            ..TxOptions::default()
+        };
+        let saga = json!({
+            "gid": "d1", "trans_type": "saga",
+            "steps": [{"action": "http://p/a", "compensate": "http://p/c"}],
+            "payloads": ["{\"n\":1}"],
+            "timeout_to_fail": 0, "request_timeout": 0, "retry_interval": 0, "retry_limit": 0,
+            "custom_data": "{\"concurrent\":true}",
+        });
+        let msg = json!({
+            "gid": "d2", "trans_type": "msg",
+            "steps": [{"action": "http://p/a"}], "payloads": ["x"],
+            "query_prepared": "http://p/q",
+        });
+        for body in [saga, msg] {
+            let first = parse(&body, &TxOptions::default());
+            let mut stored = first.options.clone();
+            if first.kind != Kind::Saga {
+                // As `Engine::create_prepared` stores it: `--prepared-timeout-ms`.
+                stored.timeout_ms.get_or_insert(60_000);
+            }
+            let hash = request_hash(first.identity.canonical());
+            let again = parse(&body, &today);
+            assert_ne!(request_hash(again.identity.canonical()), hash, "{body}");
+            assert!(again.identity.repeats(&hash, &stored), "{body}");
+            let mut same = body.clone();
+            same["retry_interval"] = json!(1);
+            assert!(
+                parse(&same, &today).identity.repeats(&hash, &stored),
+                "{same}"
+            );
+            let mut other = body.clone();
+            other["retry_interval"] = json!(2);
+            assert!(
+                !parse(&other, &today).identity.repeats(&hash, &stored),
+                "{other}"
+            );
+            let mut other = body.clone();
+            other["branch_headers"] = json!({"X-A": "1"});
+            assert!(
+                !parse(&other, &today).identity.repeats(&hash, &stored),
+                "{other}"
+            );
         }
     }
 }

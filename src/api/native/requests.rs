@@ -12,8 +12,8 @@ use utoipa::{IntoParams, ToSchema};
 use crate::api::error::ApiError;
 use crate::api::validate::{
     Given, Limits, MAX_ATTEMPTS, MAX_IN_PROGRESS, MAX_RETRY_INTERVAL, Overrides, REQUEST_TIMEOUT,
-    RETRY_INTERVAL, TIMEOUT, branch_urls, check_branch_count, check_id, check_payload, check_url,
-    parse_body, parse_orders,
+    RETRY_INTERVAL, Stated, TIMEOUT, branch_urls, check_branch_count, check_id, check_payload,
+    check_url, parse_body, parse_orders,
 };
 use crate::core::{Action, Branch, Kind, Millis, SagaStep, TxOptions};
 use crate::engine::{NewPrepared, NewSaga};
@@ -47,8 +47,9 @@ pub struct OptionsRequest {
 }
 
 impl OptionsRequest {
-    /// Resolves against the defaults, checking ranges.
-    pub fn resolve(self, defaults: &TxOptions, steps: usize) -> Result<TxOptions, ApiError> {
+    /// What the request states, with its ranges checked; laid over the server's defaults
+    /// it is the new transaction's options.
+    pub fn check(self, steps: usize) -> Result<Stated, ApiError> {
         let numbers = [
             (&REQUEST_TIMEOUT, self.request_timeout_ms),
             (&RETRY_INTERVAL, self.retry_interval_ms),
@@ -64,11 +65,11 @@ impl OptionsRequest {
                 .collect(),
             branch_headers: self.branch_headers,
         };
-        let mut o = overrides.apply(defaults.clone())?;
-        o.concurrent = self.concurrent;
-        o.orders = parse_orders(self.orders, steps)
+        let mut stated = overrides.check()?;
+        stated.concurrent = self.concurrent;
+        stated.orders = parse_orders(self.orders, steps)
             .map_err(|m| ApiError::bad_request("invalid_options", m))?;
-        Ok(o)
+        Ok(stated)
     }
 }
 
@@ -295,8 +296,9 @@ pub fn check_create(
                     payload,
                 });
             }
-            let options = req.options.resolve(defaults, steps.len())?;
-            let request = crate::api::identity::saga(&gid, &steps, &options);
+            let stated = req.options.check(steps.len())?;
+            let options = stated.onto(defaults);
+            let request = crate::api::identity::saga(&gid, &steps, &options, stated);
             NewTransaction::Saga(NewSaga {
                 gid: gid.clone(),
                 steps,
@@ -344,7 +346,8 @@ pub fn check_create(
             if let Some(url) = &req.query_prepared {
                 check_url("query_prepared", url)?;
             }
-            let options = req.options.resolve(defaults, req.steps.len())?;
+            let stated = req.options.check(req.steps.len())?;
+            let options = stated.onto(defaults);
             let request = crate::api::identity::prepared(
                 &gid,
                 kind,
@@ -352,6 +355,7 @@ pub fn check_create(
                 &branches,
                 req.query_prepared.as_deref(),
                 &options,
+                stated,
             );
             NewTransaction::Prepared(NewPrepared {
                 gid: gid.clone(),
@@ -428,7 +432,7 @@ mod tests {
         for option in OPTIONS {
             let body = serde_json::json!({ option.name: option.max });
             let request: OptionsRequest = serde_json::from_value(body).unwrap();
-            let resolved = request.resolve(&TxOptions::default(), 0).unwrap();
+            let resolved = request.check(0).unwrap().onto(&TxOptions::default());
             assert_eq!(option.of(&resolved), Some(option.max), "{}", option.name);
         }
     }

@@ -11,7 +11,7 @@ use serde_json::Number;
 
 use super::check_headers;
 use crate::api::error::ApiError;
-use crate::core::{DEFAULT_MAX_IN_PROGRESS_MS, TxOptions};
+use crate::core::{DEFAULT_MAX_IN_PROGRESS_MS, Protocol, TxOptions};
 
 /// The unit an option is given in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,15 +218,56 @@ pub struct Overrides {
 }
 
 impl Overrides {
-    pub fn apply(mut self, mut options: TxOptions) -> Result<TxOptions, ApiError> {
+    /// The values in idem's units, if every one is in range and the headers are valid.
+    pub fn check(mut self) -> Result<Stated, ApiError> {
         self.given.sort_by_key(|g| g.option.position());
+        let mut numbers = Vec::with_capacity(self.given.len());
         for given in &self.given {
-            let value = given.resolve()?;
-            (given.option.set)(&mut options, value);
+            numbers.push((given.option, given.resolve()?));
         }
         check_headers(&self.branch_headers)?;
-        options.branch_headers.extend(self.branch_headers);
-        Ok(options)
+        Ok(Stated {
+            numbers,
+            branch_headers: self.branch_headers,
+            ..Stated::default()
+        })
+    }
+}
+
+/// The options a create request states, checked and in idem's units, apart from the ones
+/// it leaves to a default. Laid over the server's defaults they are the options of the
+/// transaction it creates; laid over a stored transaction's options they are what that
+/// transaction's request was if this one repeats it (see `api::identity`), whatever the
+/// server's defaults are today.
+#[derive(Clone, Debug, Default)]
+pub struct Stated {
+    /// The numeric options given, in table order.
+    numbers: Vec<(&'static OptionBound, u64)>,
+    /// Headers given; they add to (or replace by name) the ones under them.
+    branch_headers: BTreeMap<String, String>,
+    /// These three have no server default: a request always says them (its door, and
+    /// false and none when it gives no `concurrent` and `orders`).
+    pub protocol: Protocol,
+    pub concurrent: bool,
+    pub orders: BTreeMap<usize, Vec<usize>>,
+}
+
+impl Stated {
+    /// `base` with what the request states laid over it.
+    pub fn onto(&self, base: &TxOptions) -> TxOptions {
+        let mut options = base.clone();
+        for (option, value) in &self.numbers {
+            (option.set)(&mut options, *value);
+        }
+        options.branch_headers.extend(
+            self.branch_headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        options.protocol = self.protocol;
+        options.concurrent = self.concurrent;
+        options.orders.clone_from(&self.orders);
+        options
     }
 }
 

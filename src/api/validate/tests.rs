@@ -159,7 +159,8 @@ fn numeric_options_are_integers_in_range() {
             given: vec![given],
             ..Overrides::default()
         }
-        .apply(base.clone())
+        .check()
+        .map(|stated| stated.onto(&base))
     };
     let max_ms = TIMEOUT.max;
     let ms = |v| timeout(Given::native(&TIMEOUT, number(v))).map(|o| o.timeout_ms);
@@ -197,7 +198,7 @@ fn every_option_has_its_bound() {
                 given: vec![Given::native(option, number(serde_json::json!(v)))],
                 ..Overrides::default()
             };
-            let resolved = o.apply(TxOptions::default());
+            let resolved = o.check().map(|s| s.onto(&TxOptions::default()));
             assert_eq!(resolved.is_ok(), ok, "{v} of {max}");
             if let Ok(resolved) = resolved {
                 assert_eq!(option.of(&resolved), Some(v), "{}", option.name);
@@ -211,7 +212,7 @@ fn every_option_has_its_bound() {
         ],
         ..Overrides::default()
     };
-    let resolved = o.apply(TxOptions::default()).unwrap();
+    let resolved = o.check().unwrap().onto(&TxOptions::default());
     assert_eq!((resolved.max_attempts, resolved.max_in_progress_ms), (7, 9));
 }
 
@@ -259,7 +260,7 @@ fn the_first_bad_option_in_table_order_is_the_one_reported() {
         ],
         ..Overrides::default()
     };
-    let e = o.apply(TxOptions::default()).unwrap_err();
+    let e = o.check().unwrap_err();
     assert!(e.message.starts_with("request_timeout "), "{}", e.message);
 }
 

@@ -55,14 +55,13 @@ pub fn gid(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
 
-/// Makes the barrier rows of `gid` `days` old (SQLite: from the year 2000, older than any
-/// test's `days`): the purge judges rows by `created_at`.
+/// Makes the barrier rows of `gid` `days` old: the purge judges rows by `created_at`.
 // Used by the purge tests only; each test file compiles this module on its own.
 #[allow(dead_code)]
 pub async fn age_rows(pool: &AnyPool, db: &TestDatabase, gid: &str, days: u32) {
     use idem_participant::testing::Backend;
     let old = match db.backend {
-        Backend::Sqlite => "'2000-01-01T00:00:00.000Z'".to_owned(),
+        Backend::Sqlite => format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-{days} days')"),
         Backend::Postgres => format!("now() - interval '{days} days'"),
         Backend::Mysql => format!("NOW(3) - INTERVAL {days} DAY"),
     };
