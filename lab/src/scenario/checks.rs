@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Error, Order, Participant, Participants, Report, Scenario};
+use super::{Error, Order, Participant, Participants, Report, Scenario, calls, rows};
 use crate::faults::TimelineEvent;
 use idem::core::{Kind, Status};
 use idem_demo::{coupon, inventory, payment};
@@ -205,6 +205,23 @@ pub fn check(scenario: &Scenario, report: &mut Report) {
     bounded_attempts(scenario, report, &mut v);
     super::outage::check(scenario, report, &mut v);
     super::restarts::check(scenario, report, &mut v);
+    super::db_link::check(scenario, report, &mut v);
+    // Unknown outcomes resolved, never redone blindly, never regressed.
+    v.extend(rows::step_backs(
+        &report.step_backs,
+        &report.operator_retry_at,
+    ));
+    v.extend(calls::saga_order(&scenario.orders, &report.deliveries));
+    v.extend(calls::recalled_after_success(&report.timeline));
+    v.extend(calls::alone_yet_taken_over(
+        &report.timeline,
+        &report.processes,
+    ));
+    v.extend(calls::uncompensated(
+        &scenario.orders,
+        &report.statuses,
+        &report.deliveries,
+    ));
 
     let e = &scenario.expect;
     for (gid, want) in &e.status {
@@ -277,6 +294,9 @@ pub fn check(scenario: &Scenario, report: &mut Report) {
             ));
         }
     }
+    if let Some(want) = e.failed_calls_per_step {
+        failed_calls_per_step(scenario, report, want, &mut v);
+    }
     for (gid, want) in &e.min_attempts {
         let got = report.attempts.get(gid).copied().unwrap_or(0);
         if got < *want {
@@ -324,5 +344,24 @@ fn bounded_attempts(scenario: &Scenario, report: &Report, v: &mut Vec<String>) {
             "{gid}: {branch_id}/{op} called as attempt {attempt}, past its cap of {}",
             caps[gid]
         ));
+    }
+}
+
+/// Each saga step's action failed exactly `want` times, by its transaction's history.
+fn failed_calls_per_step(scenario: &Scenario, report: &Report, want: usize, v: &mut Vec<String>) {
+    for order in scenario.orders.iter().filter(|o| o.kind == Kind::Saga) {
+        let Some(history) = report.failed_calls.get(&order.gid) else {
+            continue;
+        };
+        for k in 0..order.branches.len() {
+            let step = format!("{}/action", super::branch_id(k));
+            let got = history.get(&step).copied().unwrap_or(0);
+            if got != want {
+                v.push(format!(
+                    "{}: step {step} has {got} failed calls in its history, expected {want}",
+                    order.gid
+                ));
+            }
+        }
     }
 }

@@ -3,9 +3,10 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use super::calls::CoordinatorProcess;
 use super::{Error, RunConfig, Scenario, Settings};
 use crate::faults::{CrashAction, FaultPlan, Timeline, TimelineEvent};
 
@@ -15,6 +16,8 @@ pub(super) struct Coordinators {
     restarts: Arc<AtomicU32>,
     stopping: Arc<AtomicBool>,
     pids: Arc<RwLock<Vec<Option<u32>>>>,
+    /// Every process started, with when it started and was seen to end.
+    processes: Arc<Mutex<Vec<CoordinatorProcess>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -83,6 +86,9 @@ impl Launch {
         if let Some(offset) = self.clock_offset_ms {
             args.extend(["--test-clock-offset-ms".into(), offset.to_string().into()]);
         }
+        if let Some(ms) = s.database_call_timeout_ms {
+            args.extend(["--database-call-timeout-ms".into(), ms.to_string().into()]);
+        }
         args
     }
 
@@ -144,21 +150,24 @@ impl Launch {
 }
 
 impl Coordinators {
+    /// Starts `scenario.coordinators` processes, coordinator `i` on database URL `dbs[i]`.
     pub(super) async fn start(
         scenario: &Scenario,
         config: &RunConfig,
         timeline: &Path,
+        dbs: &[String],
     ) -> Result<Coordinators, Error> {
         let n = scenario.coordinators.max(1);
         let urls = Arc::new(RwLock::new(vec![String::new(); n]));
         let pids = Arc::new(RwLock::new(vec![None; n]));
+        let processes: Arc<Mutex<Vec<CoordinatorProcess>>> = Arc::default();
         let restarts = Arc::new(AtomicU32::new(0));
         let stopping = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
-        for i in 0..n {
+        for (i, db) in dbs.iter().enumerate().take(n) {
             let mut launch = Launch {
                 bin: config.idem_bin.clone(),
-                db: config.coordinator_db.clone(),
+                db: db.clone(),
                 node: format!("c{i}"),
                 plan: scenario.plan.clone(),
                 plan_file: config.work_dir.join(format!("plan-c{i}.json")),
@@ -169,15 +178,30 @@ impl Coordinators {
             let (mut child, url) = launch.spawn().await?;
             urls.write().expect("poisoned")[i] = url;
             pids.write().expect("poisoned")[i] = child.id();
-            let (urls, pids, restarts, stopping) = (
+            let started = move |processes: &Mutex<Vec<CoordinatorProcess>>, pid: Option<u32>| {
+                processes
+                    .lock()
+                    .expect("poisoned")
+                    .push(CoordinatorProcess {
+                        node: format!("c{i}"),
+                        pid: pid.unwrap_or_default(),
+                        started_at: crate::faults::now(),
+                        ended_at: None,
+                    });
+            };
+            started(&processes, child.id());
+            let (urls, pids, restarts, stopping, processes) = (
                 Arc::clone(&urls),
                 Arc::clone(&pids),
                 Arc::clone(&restarts),
                 Arc::clone(&stopping),
+                Arc::clone(&processes),
             );
             tasks.push(tokio::spawn(async move {
                 loop {
+                    let pid = child.id();
                     let _ = child.wait().await;
+                    ended(&processes, pid);
                     // A dead child's pid may be handed to another process: never signal it.
                     pids.write().expect("poisoned")[i] = None;
                     if stopping.load(Ordering::SeqCst) {
@@ -189,6 +213,7 @@ impl Coordinators {
                     child = loop {
                         match launch.spawn().await {
                             Ok((c, url)) => {
+                                started(&processes, c.id());
                                 pids.write().expect("poisoned")[i] = c.id();
                                 urls.write().expect("poisoned")[i] = url;
                                 if stopping.load(Ordering::SeqCst) {
@@ -216,6 +241,7 @@ impl Coordinators {
             restarts,
             stopping,
             pids,
+            processes,
             tasks,
         })
     }
@@ -238,7 +264,9 @@ impl Coordinators {
         }
     }
 
-    pub(super) async fn stop(self) -> u32 {
+    /// Kills every coordinator; returns how many restarts there were, and every process
+    /// the run had.
+    pub(super) async fn stop(self) -> (u32, Vec<CoordinatorProcess>) {
         self.stopping.store(true, Ordering::SeqCst);
         for i in 0..self.count() {
             self.kill(i);
@@ -246,7 +274,21 @@ impl Coordinators {
         for t in self.tasks {
             let _ = t.await;
         }
-        self.restarts.load(Ordering::SeqCst)
+        let processes = self.processes.lock().expect("poisoned").clone();
+        (self.restarts.load(Ordering::SeqCst), processes)
+    }
+}
+
+/// Notes that the process `pid` was seen to end.
+fn ended(processes: &Mutex<Vec<CoordinatorProcess>>, pid: Option<u32>) {
+    let now = crate::faults::now();
+    let mut processes = processes.lock().expect("poisoned");
+    if let Some(p) = processes
+        .iter_mut()
+        .rev()
+        .find(|p| Some(p.pid) == pid && p.ended_at.is_none())
+    {
+        p.ended_at = Some(now);
     }
 }
 
