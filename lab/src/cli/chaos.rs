@@ -244,11 +244,18 @@ pub(super) async fn chaos(args: ChaosArgs) -> Result<(), BoxError> {
     for db in databases {
         db.drop_database().await;
     }
-    let _ = std::fs::remove_dir_all(&work_dir);
+    let clean = report.as_ref().is_ok_and(|r| r.violations.is_empty());
+    if clean {
+        let _ = std::fs::remove_dir_all(&work_dir);
+    }
     let report = report?;
     println!("{}", report.summary());
-    for v in report.violations.iter().take(50) {
-        println!("VIOLATION: {v}");
+    if !report.violations.is_empty() {
+        println!("VIOLATIONS:\n{}", report.violation_digest(10));
+        println!(
+            "the coordinators' logs and the timeline are kept in {}",
+            work_dir.display()
+        );
     }
     if report.violations.is_empty() {
         println!(

@@ -12,13 +12,21 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DbLinkRule {
-    /// Fires when the runner starts this order (0-based, in the scenario's order).
+    /// Fires when the runner starts this order (0-based, in the scenario's order)...
     pub at_order: usize,
+    /// ... and this long after it (so that a fault can land in the middle of the orders
+    /// already started, rather than on their creation).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub after_ms: u64,
     /// Only the link of the coordinator with this node name (`c0`, `c1`, ...); every
     /// coordinator's link when unset.
     #[serde(default)]
     pub node: Option<String>,
     pub fault: DbLinkFault,
+}
+
+fn is_zero(ms: &u64) -> bool {
+    *ms == 0
 }
 
 /// What happens to the link.

@@ -129,6 +129,7 @@ impl DbLinkChaos {
             .zip(at)
             .map(|((fault, node), at_order)| DbLinkRule {
                 at_order,
+                after_ms: 0,
                 node,
                 fault,
             })

@@ -28,6 +28,8 @@ struct Launch {
     plan: FaultPlan,
     plan_file: PathBuf,
     timeline: PathBuf,
+    /// Where its stderr (the log) goes, appended to by every restart.
+    log: PathBuf,
     settings: Settings,
     /// This coordinator's wall clock runs this many ms off (test builds of `idem serve`).
     clock_offset_ms: Option<i64>,
@@ -98,12 +100,19 @@ impl Launch {
         let mut child = tokio::process::Command::new(&self.bin)
             .args(self.args())
             // IDEM_LAB_COORDINATOR_LOG: the coordinators' log filter when a run must be
-            // read afterwards (errors only by default, to keep test output short).
+            // read afterwards (errors only by default, to keep the files short); the log
+            // goes to `c<i>.log` in the work directory.
             .env(
                 "RUST_LOG",
                 std::env::var("IDEM_LAB_COORDINATOR_LOG").unwrap_or_else(|_| "error".into()),
             )
             .stdout(std::process::Stdio::piped())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.log)?,
+            )
             .kill_on_drop(true)
             .spawn()?;
         let stdout = child.stdout.take().expect("piped");
@@ -172,6 +181,7 @@ impl Coordinators {
                 plan: scenario.plan.clone(),
                 plan_file: config.work_dir.join(format!("plan-c{i}.json")),
                 timeline: timeline.to_owned(),
+                log: config.work_dir.join(format!("c{i}.log")),
                 settings: scenario.settings.clone(),
                 clock_offset_ms: clock_offset(&scenario.settings, i, n),
             };
@@ -304,6 +314,7 @@ mod tests {
             plan: FaultPlan::default(),
             plan_file: "plan.json".into(),
             timeline: "timeline.jsonl".into(),
+            log: "c0.log".into(),
             clock_offset_ms: clock_offset(&settings, i, n),
             settings,
         }

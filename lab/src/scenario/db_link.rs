@@ -50,7 +50,10 @@ pub(super) struct DbLinks {
 impl DbLinks {
     /// A proxy per coordinator when the plan has database-link rules and the database has
     /// a server; none otherwise (the coordinators connect straight to `url`).
-    pub(super) async fn start(scenario: &Scenario, url: &str) -> Result<Option<DbLinks>, Error> {
+    pub(super) async fn start(
+        scenario: &Scenario,
+        url: &str,
+    ) -> Result<Option<Arc<DbLinks>>, Error> {
         let rules = scenario.plan.db_link.clone();
         if rules.is_empty() {
             return Ok(None);
@@ -90,13 +93,13 @@ impl DbLinks {
                 .into());
             }
         }
-        Ok(Some(DbLinks {
+        Ok(Some(Arc::new(DbLinks {
             link,
             rules,
             urls,
             applied: Default::default(),
             tasks: Mutex::new(Vec::new()),
-        }))
+        })))
     }
 
     /// The database URL coordinator `i` connects to.
@@ -104,42 +107,55 @@ impl DbLinks {
         self.urls[i % self.urls.len()].clone()
     }
 
-    /// Applies the rules that fire as order `index` starts. Returns at once: freezes heal,
-    /// latencies end and locks are released on their own.
-    pub(super) fn order_started(&self, index: usize) {
+    /// Applies the rules that fire as order `index` starts (those with `after_ms` a little
+    /// later, on a task of their own). Returns at once: freezes heal, latencies end and
+    /// locks are released on their own.
+    pub(super) fn order_started(self: &Arc<Self>, index: usize) {
         for rule in self.rules.iter().filter(|r| r.at_order == index) {
-            let slot = {
-                let mut applied = self.applied.lock().expect("poisoned");
-                applied.push(DbLinkApplied {
-                    at_order: index,
-                    node: rule.node.clone(),
-                    fault: rule.fault,
-                    at: now(),
-                    error: None,
+            if rule.after_ms == 0 {
+                self.fire(rule);
+            } else {
+                let (links, rule) = (Arc::clone(self), rule.clone());
+                self.spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(rule.after_ms)).await;
+                    links.fire(&rule);
                 });
-                applied.len() - 1
-            };
-            match (&self.link, rule.fault) {
-                (Link::Proxies(proxies), fault) => {
-                    let hit = proxies
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| rule.node.as_ref().is_none_or(|n| *n == format!("c{i}")));
-                    for (_, proxy) in hit {
-                        self.apply(proxy, fault);
-                    }
-                }
-                (Link::Sqlite(url), DbLinkFault::Freeze { ms }) => {
-                    let (url, applied) = (url.clone(), Arc::clone(&self.applied));
-                    self.spawn(async move {
-                        if let Err(e) = hold_write_lock(&url, Duration::from_millis(ms)).await {
-                            applied.lock().expect("poisoned")[slot].error =
-                                Some(format!("cannot hold the write lock: {e}"));
-                        }
-                    });
-                }
-                (Link::Sqlite(_), _) => unreachable!("refused by DbLinks::start"),
             }
+        }
+    }
+
+    fn fire(&self, rule: &DbLinkRule) {
+        let slot = {
+            let mut applied = self.applied.lock().expect("poisoned");
+            applied.push(DbLinkApplied {
+                at_order: rule.at_order,
+                node: rule.node.clone(),
+                fault: rule.fault,
+                at: now(),
+                error: None,
+            });
+            applied.len() - 1
+        };
+        match (&self.link, rule.fault) {
+            (Link::Proxies(proxies), fault) => {
+                let hit = proxies
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| rule.node.as_ref().is_none_or(|n| *n == format!("c{i}")));
+                for (_, proxy) in hit {
+                    self.apply(proxy, fault);
+                }
+            }
+            (Link::Sqlite(url), DbLinkFault::Freeze { ms }) => {
+                let (url, applied) = (url.clone(), Arc::clone(&self.applied));
+                self.spawn(async move {
+                    if let Err(e) = hold_write_lock(&url, Duration::from_millis(ms)).await {
+                        applied.lock().expect("poisoned")[slot].error =
+                            Some(format!("cannot hold the write lock: {e}"));
+                    }
+                });
+            }
+            (Link::Sqlite(_), _) => unreachable!("refused by DbLinks::start"),
         }
     }
 
@@ -177,10 +193,16 @@ impl DbLinks {
 
     /// Waits for the faults still going (a latency to end, a lock to be released) and
     /// records what fired into the report.
-    pub(super) async fn finish(self, report: &mut Report) {
-        let tasks = std::mem::take(&mut *self.tasks.lock().expect("poisoned"));
-        for task in tasks {
-            let _ = task.await;
+    pub(super) async fn finish(&self, report: &mut Report) {
+        loop {
+            // A delayed rule adds its fault's task when it fires: take until none are left.
+            let tasks = std::mem::take(&mut *self.tasks.lock().expect("poisoned"));
+            if tasks.is_empty() {
+                break;
+            }
+            for task in tasks {
+                let _ = task.await;
+            }
         }
         report.db_link = self.applied.lock().expect("poisoned").clone();
     }

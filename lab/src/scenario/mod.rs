@@ -448,7 +448,7 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     }
     let coordinators = Arc::into_inner(coordinators).expect("the client and killer are done");
     (report.restarts, report.processes) = coordinators.stop().await;
-    if let Some(links) = links {
+    if let Some(links) = &links {
         links.finish(&mut report).await;
     }
     // The final rows, once no coordinator is left to write them.

@@ -179,6 +179,29 @@ impl Report {
         lines.join("\n")
     }
 
+    /// The violations grouped by the invariant they break, each group with its count and
+    /// its first `examples` lines: what a failed run shows first.
+    pub fn violation_digest(&self, examples: usize) -> String {
+        let mut groups: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+        for v in &self.violations {
+            let kind = KINDS
+                .iter()
+                .position(|(_, marks)| marks.iter().any(|m| v.contains(m)))
+                .unwrap_or(KINDS.len());
+            groups.entry(kind).or_default().push(v);
+        }
+        let mut out = Vec::new();
+        for (kind, lines) in groups {
+            let name = KINDS.get(kind).map_or("other", |(name, _)| name);
+            out.push(format!("{} × {name}:", lines.len()));
+            out.extend(lines.iter().take(examples).map(|l| format!("    {l}")));
+            if lines.len() > examples {
+                out.push(format!("    ... and {} more", lines.len() - examples));
+            }
+        }
+        out.join("\n")
+    }
+
     /// The timeline in a readable form, in time order.
     pub fn describe_timeline(&self) -> Vec<String> {
         let mut events: Vec<&TimelineEvent> = self.timeline.iter().collect();
@@ -204,3 +227,48 @@ impl Report {
         lines
     }
 }
+
+/// The invariants a violation can break, each known by phrases of its lines.
+const KINDS: &[(&str, &[&str])] = &[
+    (
+        "a coordinator row went back (an older write landed over a newer one)",
+        &["went back"],
+    ),
+    (
+        "a saga step called before the previous step answered success",
+        &["was called (arrived"],
+    ),
+    (
+        "a step called again by the coordinator process that saw it succeed",
+        &["which called it again"],
+    ),
+    (
+        "a coordinator running alone was fenced off, lost a lease or took over",
+        &["was the only coordinator running"],
+    ),
+    (
+        "an action a failed saga executed was never compensated",
+        &["never compensated"],
+    ),
+    (
+        "a failed call stored more than once",
+        &["is in its history"],
+    ),
+    (
+        "a history without the expected failed calls",
+        &["failed calls in its history, expected"],
+    ),
+    (
+        "final rows that disagree with the transaction's outcome",
+        &["succeeded, but its branch", "failed, but its step"],
+    ),
+    (
+        "a transaction that did not end as expected",
+        &[
+            "not succeeded or failed",
+            ": expected ",
+            "did not settle",
+            "could not finish",
+        ],
+    ),
+];
