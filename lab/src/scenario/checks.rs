@@ -6,7 +6,11 @@
 //! order's are fully undone, checked on each participant's ledger row; no coupon is issued
 //! twice; no branch operation is called past its attempt cap. With long outages: each met
 //! some order, and every order it met was seen stalled before the operator's retry. With
-//! database restarts: each one happened, and the server came back.
+//! database restarts: each one happened, and the server came back. And whatever happened
+//! to the database link: no coordinator row ever went back ([`super::rows`]), saga steps
+//! were called in order, no process called again a step it saw succeed, no coordinator
+//! running alone was taken over from, failed sagas compensated what they executed, and
+//! each failed call is once in its history ([`super::calls`]).
 
 use std::collections::BTreeMap;
 

@@ -8,7 +8,9 @@
 //! client: it creates transactions, calls TCC Trys itself, submits or aborts, and retries a
 //! request whose coordinator died under it — with the same gid, which is what makes that safe.
 //! It also plays the operator: it heals long outages once the orders they hit have settled,
-//! and retries what stalled. And it can restart the database server mid-run (`restarts`).
+//! and retries what stalled. And it can restart the database server mid-run (`restarts`),
+//! or freeze, slow down or cut the coordinators' links to it (`db_link`), while it reads
+//! the coordinators' rows on the side (`sampler`) to catch any that goes back.
 //!
 //! Used by `lab/tests/scenarios.rs` (the files in `lab/tests/scenarios/`), `idem-lab replay` and
 //! `idem-lab chaos`.
