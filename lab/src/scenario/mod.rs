@@ -28,6 +28,7 @@ use idem::core::{Kind, Status};
 
 mod calls;
 mod chaos;
+mod chaos_links;
 mod checks;
 mod client;
 mod coordinators;
@@ -40,7 +41,8 @@ mod rows;
 mod sampler;
 
 pub use calls::{CoordinatorProcess, HistoryEntry};
-pub use chaos::{ChaosConfig, DbLinkChaos, planned_to_fail, scenario as chaos_scenario};
+pub use chaos::{ChaosConfig, planned_to_fail, scenario as chaos_scenario};
+pub use chaos_links::DbLinkChaos;
 pub use checks::check;
 pub use db_link::DbLinkApplied;
 pub use outage::{Outage, OutageHit};
