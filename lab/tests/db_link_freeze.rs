@@ -3,7 +3,9 @@
 //! bounded to 2 s (`--database-call-timeout-ms`), and its link to the database frozen by
 //! the lab's proxy for longer than that bound: once for less than the lease, once for
 //! longer than the lease. Whatever the coordinator's writes did while the link was frozen,
-//! every saga must end succeeded with each failed call once in its history, and the run's
+//! every saga must end succeeded with each failed call once in its history (its 500
+//! included: another failure, such as a step timing out on a loaded machine, is allowed
+//! beside it), and the run's
 //! invariants hold: no branch row ever goes back, steps are called in order, no step that
 //! succeeded is called again by the process, the lone coordinator never takes over from
 //! itself, every executed action of a failed saga is compensated.
@@ -147,7 +149,8 @@ fn scenario(case: &Case) -> Scenario {
                 .iter()
                 .map(|o| (o.gid.clone(), Status::Succeeded))
                 .collect(),
-            failed_calls_per_step: Some(1),
+            // The 500 of every step, stored (once: checked for every run).
+            min_failed_calls_per_step: Some(1),
             ..Expect::default()
         },
         orders,
@@ -156,7 +159,12 @@ fn scenario(case: &Case) -> Scenario {
     }
 }
 
+/// One run at a time: five runs of 200 sagas at once on a small machine would measure the
+/// machine's load more than the freeze (each run's databases are its own either way).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn run(backend: Backend, case: &Case) {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let test = format!("db_link_{}", case.name);
     let mut dbs = Vec::new();
     for _ in 0..4 {
@@ -181,9 +189,13 @@ async fn run(backend: Backend, case: &Case) {
         progress: false,
         db_restart_command: None,
     };
-    let report = scenario::run(&scenario, &config)
-        .await
-        .unwrap_or_else(|e| panic!("{} on {backend}: {e}", case.name));
+    let report = scenario::run(&scenario, &config).await;
+    // Dropped whatever the outcome: this test is meant to fail until the coordinator is
+    // right, and must not leave four databases behind each time.
+    for db in dbs {
+        db.drop_database().await;
+    }
+    let report = report.unwrap_or_else(|e| panic!("{} on {backend}: {e}", case.name));
     println!("== {} on {backend}\n{}", case.name, report.summary());
     // The freeze happened, and outlasted the call bound.
     assert_eq!(report.db_link.len(), 1, "{backend}: {:?}", report.db_link);
@@ -204,9 +216,6 @@ async fn run(backend: Backend, case: &Case) {
         work_dir.display()
     );
     assert_eq!(report.statuses.len(), ORDERS);
-    for db in dbs {
-        db.drop_database().await;
-    }
     let _ = std::fs::remove_dir_all(work_dir);
 }
 

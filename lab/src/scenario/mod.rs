@@ -239,10 +239,11 @@ pub struct Expect {
     /// Failed calls recorded for the gid, at least.
     #[serde(default)]
     pub min_attempts: BTreeMap<String, i32>,
-    /// Every saga step's action has exactly this many failed calls in its transaction's
-    /// history (e.g. 1 when every step answers 500 once, then succeeds).
+    /// Every saga step's action has at least this many failed calls in its transaction's
+    /// history (e.g. 1 when every step answers 500 once, then succeeds: the 500 must not be
+    /// lost from it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failed_calls_per_step: Option<usize>,
+    pub min_failed_calls_per_step: Option<usize>,
 }
 
 impl Scenario {

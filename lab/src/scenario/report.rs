@@ -255,8 +255,8 @@ const KINDS: &[(&str, &[&str])] = &[
         &["is in its history"],
     ),
     (
-        "a history without the expected failed calls",
-        &["failed calls in its history, expected"],
+        "a failed call missing from its history",
+        &["failed calls in its history, expected at least"],
     ),
     (
         "final rows that disagree with the transaction's outcome",
