@@ -56,6 +56,29 @@ pub struct ChaosArgs {
     /// --test-clock-offset-ms`); the others keep the true time.
     #[arg(long, value_name = "MS", allow_negative_numbers = true)]
     pub skewed_clock_ms: Option<i64>,
+    /// Freezes of the coordinators' database links, spread evenly over the orders: a proxy
+    /// between each coordinator and the server passes no byte for a while, its sockets
+    /// kept open (postgres, mysql); on sqlite another process holds the write lock as long.
+    #[arg(long, default_value_t = 0)]
+    pub db_freezes: u32,
+    /// The freezes' lengths in ms, used in turn. Default: half the database call timeout,
+    /// between it and the 2 s lease, and twice the lease.
+    #[arg(long, value_delimiter = ',', value_name = "MS,...")]
+    pub db_freeze_ms: Vec<u64>,
+    /// Latency episodes on the database links (postgres, mysql), each two leases long.
+    #[arg(long, default_value_t = 0)]
+    pub db_latencies: u32,
+    /// Added to every chunk of bytes, each way, during a latency episode.
+    #[arg(long, default_value_t = 20, value_name = "MS")]
+    pub db_latency_ms: u64,
+    /// Cuts of the database links (postgres, mysql): every open connection reset.
+    #[arg(long, default_value_t = 0)]
+    pub db_cuts: u32,
+    /// The coordinators' bound on one database call (`idem serve
+    /// --database-call-timeout-ms`). Default: idem's own, or 1000 ms with database-link
+    /// faults, so that freezes can outlast it without outlasting the lease.
+    #[arg(long, value_name = "MS")]
+    pub database_call_timeout_ms: Option<u64>,
 }
 
 /// Stops `mariadbd` and starts it again as this machine starts it. `--stop --retry` waits
@@ -106,7 +129,7 @@ fn postgres_version(etc: &Path) -> Result<String, BoxError> {
 }
 
 pub(super) async fn chaos(args: ChaosArgs) -> Result<(), BoxError> {
-    use crate::scenario::{self, ChaosConfig, RunConfig};
+    use crate::scenario::{self, ChaosConfig, DbLinkChaos, RunConfig};
     use idem_participant::testing::{Backend, TestDatabase};
     let config = ChaosConfig {
         orders: args.orders,
@@ -120,6 +143,14 @@ pub(super) async fn chaos(args: ChaosArgs) -> Result<(), BoxError> {
         outage_orders: args.outage_orders,
         db_restarts: args.db_restarts,
         skewed_clock_ms: args.skewed_clock_ms,
+        db_link: DbLinkChaos {
+            freezes: args.db_freezes,
+            freeze_ms: args.db_freeze_ms,
+            latencies: args.db_latencies,
+            latency_ms: args.db_latency_ms,
+            cuts: args.db_cuts,
+        },
+        database_call_timeout_ms: args.database_call_timeout_ms,
     };
     // Found before any database is made, so a wrong setup costs nothing.
     let restart_command = match (args.db_restarts, args.db_restart_command) {
@@ -186,6 +217,23 @@ pub(super) async fn chaos(args: ChaosArgs) -> Result<(), BoxError> {
             config.db_restarts
         );
     }
+    if !scenario.plan.db_link.is_empty() {
+        let each: Vec<String> = scenario
+            .plan
+            .db_link
+            .iter()
+            .map(|r| format!("{} at order {}", r.fault.label(), r.at_order))
+            .collect();
+        println!(
+            "database-link faults (database call timeout {} ms, lease {} ms): {}",
+            scenario
+                .settings
+                .database_call_timeout_ms
+                .unwrap_or_default(),
+            scenario.settings.lease_ms,
+            each.join("; ")
+        );
+    }
     if let Some(ms) = config.skewed_clock_ms {
         println!(
             "coordinator c{} runs with its wall clock {ms} ms off",
@@ -196,15 +244,22 @@ pub(super) async fn chaos(args: ChaosArgs) -> Result<(), BoxError> {
     for db in databases {
         db.drop_database().await;
     }
-    let _ = std::fs::remove_dir_all(&work_dir);
+    let clean = report.as_ref().is_ok_and(|r| r.violations.is_empty());
+    if clean {
+        let _ = std::fs::remove_dir_all(&work_dir);
+    }
     let report = report?;
     println!("{}", report.summary());
-    for v in report.violations.iter().take(50) {
-        println!("VIOLATION: {v}");
+    if !report.violations.is_empty() {
+        println!("VIOLATIONS:\n{}", report.violation_digest(10));
+        println!(
+            "the coordinators' logs and the timeline are kept in {}",
+            work_dir.display()
+        );
     }
     if report.violations.is_empty() {
         println!(
-            "every transaction is terminal; stock conserved and never negative; balances never negative; succeeded orders applied once; failed orders undone; no coupon issued twice; no call past its attempt cap; every order a long outage met stalled, then ended after the operator's retry; every database restart happened and was ridden out"
+            "every transaction is terminal; stock conserved and never negative; balances never negative; succeeded orders applied once; failed orders undone; no coupon issued twice; no call past its attempt cap; every order a long outage met stalled, then ended after the operator's retry; every database restart and database-link fault happened and was ridden out; no coordinator row ever went back; saga steps called in order; no step called again by the process that saw it succeed; no takeover while a coordinator ran alone; every action of a failed saga compensated; every failed call stored once"
         );
         Ok(())
     } else {
@@ -248,7 +303,8 @@ mod tests {
         let args = |backend: &str| {
             let line = format!(
                 "idem-lab chaos --orders 10000 --fault-rate 0.3 --coordinators 3 --kills 4 \
-                 --kill-every-ms 15000 --db-restarts 2 --skewed-clock-ms -60000 --backend {backend}"
+                 --kill-every-ms 15000 --db-restarts 2 --skewed-clock-ms -60000 --backend {backend} \
+                 --db-freezes 3 --db-freeze-ms 500,4000 --db-cuts 1 --database-call-timeout-ms 1500"
             );
             match Cli::parse_from(line.split_whitespace()).command {
                 Command::Chaos(args) => args,
@@ -267,6 +323,16 @@ mod tests {
             (10_000, 3, 4, 2, Some(-60_000))
         );
         assert_eq!(a.db_restart_command, None);
+        assert_eq!(
+            (
+                a.db_freezes,
+                a.db_freeze_ms.as_slice(),
+                a.db_cuts,
+                a.db_latencies
+            ),
+            (3, &[500, 4_000][..], 1, 0)
+        );
+        assert_eq!(a.database_call_timeout_ms, Some(1_500));
         assert_eq!(args("mysql").backend, "mysql");
     }
 }

@@ -19,10 +19,12 @@ use idem::core::{CallOutcome, Millis};
 use idem::engine::{Observer, Point};
 use idem::transport::{CallRequest, CallResult, Transport, classify};
 
+mod db_link;
 mod participant;
 mod plan;
 mod timeline;
 
+pub use db_link::{DbLinkFault, DbLinkRule};
 pub use participant::{Delivery, ParticipantFaults, participant_faults};
 pub use plan::*;
 pub use timeline::{Timeline, TimelineEvent, fault_signature};

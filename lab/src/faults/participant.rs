@@ -25,16 +25,48 @@ pub struct ParticipantFaults {
     pub hold_limit: Duration,
     counts: RuleCounts,
     deliveries: Mutex<Vec<Delivery>>,
+    /// Orders arrivals and answers of all calls on one scale (see [`Delivery::arrived`]).
+    sequence: std::sync::atomic::AtomicU64,
 }
 
 /// One call as the participant-side layer saw it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Delivery {
     pub call: CallKey,
     /// The fault applied, if any.
     pub fault: Option<String>,
     /// The status code the caller got.
     pub status: u16,
+    /// The status the participant's handler answered; none when the layer answered in its
+    /// place (an injected status). It differs from `status` when the answer was lost on
+    /// the way (`commit_then_drop`): the handler acted, the caller never heard of it.
+    #[serde(default)]
+    pub handled: Option<u16>,
+    /// When the call arrived and when it was answered, on one sequence shared by every
+    /// call to every participant of the layer: call B arrived after call A was answered
+    /// exactly when `B.arrived > A.answered`.
+    #[serde(default)]
+    pub arrived: u64,
+    #[serde(default)]
+    pub answered: u64,
+    /// Wall-clock time of the arrival, for people reading a violation.
+    #[serde(default)]
+    pub at: Millis,
+    /// The caller's User-Agent (idem's names its coordinator node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+}
+
+impl Delivery {
+    /// Whether the participant's handler answered with success (it acted).
+    pub fn acted(&self) -> bool {
+        self.handled.is_some_and(|s| (200..300).contains(&s))
+    }
+
+    /// Whether the caller got a success answer.
+    pub fn answered_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
 }
 
 impl ParticipantFaults {
@@ -47,12 +79,19 @@ impl ParticipantFaults {
             hold_limit: Duration::from_secs(10),
             counts: RuleCounts::default(),
             deliveries: Mutex::new(Vec::new()),
+            sequence: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     /// Every call seen so far, in arrival order of their answers.
     pub fn deliveries(&self) -> Vec<Delivery> {
         self.deliveries.lock().expect("poisoned").clone()
+    }
+
+    fn next(&self) -> u64 {
+        self.sequence
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1
     }
 
     fn completed(&self, key: &(String, String, String)) -> u32 {
@@ -103,10 +142,23 @@ pub async fn participant_faults(
         op: params.op,
         attempt,
     };
-    let fault = faults.counts.fire(&faults.plan, Side::Participant, &key);
+    let arrival = Delivery {
+        call: key,
+        arrived: faults.next(),
+        at: now(),
+        agent: request
+            .headers()
+            .get(axum::http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        ..Delivery::default()
+    };
+    let fault = faults
+        .counts
+        .fire(&faults.plan, Side::Participant, &arrival.call);
     // The delivery runs on its own task: once a call has reached the participant, it is
     // processed even if the caller gives up waiting (a held Try still arrives late).
-    let deliver = tokio::spawn(deliver(faults, id, key, fault, request, next));
+    let deliver = tokio::spawn(deliver(faults, id, arrival, fault, request, next));
     match deliver.await {
         Ok(response) => response,
         Err(e) => (
@@ -120,17 +172,19 @@ pub async fn participant_faults(
 async fn deliver(
     faults: Arc<ParticipantFaults>,
     id: (String, String, String),
-    key: CallKey,
+    mut delivery: Delivery,
     fault: Option<Fault>,
     request: Request,
     next: Next,
 ) -> Response {
     let label = fault.as_ref().map(Fault::label);
+    let mut handled = None;
     let response = match fault {
         None => next.run(request).await,
         Some(Fault::Status { status }) => {
             let status = axum::http::StatusCode::from_u16(status)
                 .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+            handled = Some(None);
             (status, "injected by the fault plan").into_response()
         }
         Some(Fault::Delay { ms }) => {
@@ -138,7 +192,8 @@ async fn deliver(
             next.run(request).await
         }
         Some(Fault::CommitThenDrop) => {
-            let _ = next.run(request).await;
+            let acted = next.run(request).await;
+            handled = Some(Some(acted.status().as_u16()));
             (
                 axum::http::StatusCode::BAD_GATEWAY,
                 "the response was lost (injected by the fault plan)",
@@ -156,7 +211,11 @@ async fn deliver(
             first
         }
         Some(Fault::HoldUntil { op }) => {
-            let awaited = (key.gid.clone(), key.branch_id.clone(), op);
+            let awaited = (
+                delivery.call.gid.clone(),
+                delivery.call.branch_id.clone(),
+                op,
+            );
             let deadline = tokio::time::Instant::now() + faults.hold_limit;
             loop {
                 let changed = faults.changed.notified();
@@ -178,11 +237,12 @@ async fn deliver(
         .expect("poisoned")
         .entry(id)
         .or_insert(0) += 1;
-    faults.deliveries.lock().expect("poisoned").push(Delivery {
-        call: key,
-        fault: label,
-        status: response.status().as_u16(),
-    });
+    delivery.status = response.status().as_u16();
+    // Unless the layer stood in for the handler, the handler's answer is the caller's.
+    delivery.handled = handled.unwrap_or(Some(delivery.status));
+    delivery.fault = label;
+    delivery.answered = faults.next();
+    faults.deliveries.lock().expect("poisoned").push(delivery);
     faults.changed.notify_waiters();
     response
 }

@@ -9,6 +9,8 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::db_link::{self, DbLinkRule};
+
 /// A fault plan, as written in a JSON (or TOML) file.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +26,10 @@ pub struct FaultPlan {
     /// Points where the coordinator process stops dead.
     #[serde(default)]
     pub crashes: Vec<CrashRule>,
+    /// Faults on the links between the coordinators and their database, applied by the
+    /// scenario runner (see [`DbLinkRule`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub db_link: Vec<DbLinkRule>,
 }
 
 /// Which calls a rule applies to. Unset fields match anything.
@@ -137,7 +143,7 @@ pub enum CrashAction {
 }
 
 /// The identity of one delivery of a branch operation.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CallKey {
     pub gid: String,
     pub branch_id: String,
@@ -170,7 +176,7 @@ impl FaultPlan {
                 ));
             }
         }
-        Ok(())
+        db_link::check(&self.db_link)
     }
 
     /// The rule for this call on this side, if one fires (by index, so that callers can

@@ -28,6 +28,11 @@ pub enum TimelineEvent {
         #[serde(skip_serializing_if = "Option::is_none")]
         fault: Option<String>,
         duration_ms: u64,
+        /// The coordinator process that made the call: its node name and process id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<u32>,
     },
     Status {
         at: Millis,
@@ -48,6 +53,25 @@ pub enum TimelineEvent {
         at: Millis,
         gid: String,
         node: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<u32>,
+    },
+    /// A coordinator's recovery loop took a transaction over from another process (the
+    /// previous owner's lease ran out or was handed back).
+    Takeover {
+        at: Millis,
+        gid: String,
+        node: String,
+        pid: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        previous_owner: Option<String>,
+    },
+    /// A driver found its lease taken when renewing it, and stopped.
+    LeaseLost {
+        at: Millis,
+        gid: String,
+        node: String,
+        pid: u32,
     },
 }
 
@@ -57,7 +81,9 @@ impl TimelineEvent {
             TimelineEvent::Call { at, .. }
             | TimelineEvent::Status { at, .. }
             | TimelineEvent::Crash { at, .. }
-            | TimelineEvent::Fenced { at, .. } => *at,
+            | TimelineEvent::Fenced { at, .. }
+            | TimelineEvent::Takeover { at, .. }
+            | TimelineEvent::LeaseLost { at, .. } => *at,
         }
     }
 
@@ -66,7 +92,9 @@ impl TimelineEvent {
             TimelineEvent::Call { gid, .. }
             | TimelineEvent::Status { gid, .. }
             | TimelineEvent::Crash { gid, .. }
-            | TimelineEvent::Fenced { gid, .. } => gid,
+            | TimelineEvent::Fenced { gid, .. }
+            | TimelineEvent::Takeover { gid, .. }
+            | TimelineEvent::LeaseLost { gid, .. } => gid,
         }
     }
 
@@ -115,6 +143,18 @@ impl TimelineEvent {
             TimelineEvent::Fenced { gid, node, .. } => {
                 format!("{gid} {node}'s stale write refused: another coordinator owns it")
             }
+            TimelineEvent::Takeover {
+                gid,
+                node,
+                previous_owner,
+                ..
+            } => format!(
+                "{gid} taken over by {node} from {}",
+                previous_owner.as_deref().unwrap_or("nobody")
+            ),
+            TimelineEvent::LeaseLost { gid, node, .. } => {
+                format!("{gid} {node}'s driver found its lease taken and stopped")
+            }
         }
     }
 }
@@ -123,6 +163,8 @@ impl TimelineEvent {
 /// line, so a crash loses nothing written before it).
 pub struct Timeline {
     node: String,
+    /// This process's id: a restarted coordinator keeps its node name, not its pid.
+    pid: u32,
     events: Mutex<Vec<TimelineEvent>>,
     file: Option<Mutex<std::fs::File>>,
 }
@@ -131,6 +173,7 @@ impl Timeline {
     pub fn in_memory(node: &str) -> Arc<Timeline> {
         Arc::new(Timeline {
             node: node.to_owned(),
+            pid: std::process::id(),
             events: Mutex::new(Vec::new()),
             file: None,
         })
@@ -144,6 +187,7 @@ impl Timeline {
             .open(path)?;
         Ok(Arc::new(Timeline {
             node: node.to_owned(),
+            pid: std::process::id(),
             events: Mutex::new(Vec::new()),
             file: Some(Mutex::new(file)),
         }))
@@ -186,6 +230,8 @@ impl Observer for Timeline {
             detail: result.outcome.detail().map(str::to_owned),
             fault: result.fault.clone(),
             duration_ms: result.duration.as_millis() as u64,
+            node: Some(self.node.clone()),
+            pid: Some(self.pid),
         });
     }
 
@@ -203,6 +249,29 @@ impl Observer for Timeline {
             at: now(),
             gid: gid.to_owned(),
             node: self.node.clone(),
+            pid: Some(self.pid),
+        });
+    }
+
+    fn claimed(&self, tx: &idem::core::Transaction, previous_owner: Option<&str>, takeover: bool) {
+        // Claims of rows this process handed back itself are routine; a takeover is not.
+        if takeover {
+            self.push(TimelineEvent::Takeover {
+                at: now(),
+                gid: tx.gid.clone(),
+                node: self.node.clone(),
+                pid: self.pid,
+                previous_owner: previous_owner.map(str::to_owned),
+            });
+        }
+    }
+
+    fn lease_lost(&self, gid: &str) {
+        self.push(TimelineEvent::LeaseLost {
+            at: now(),
+            gid: gid.to_owned(),
+            node: self.node.clone(),
+            pid: self.pid,
         });
     }
 }

@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
 
+use super::chaos_links::DbLinkChaos;
 use super::{Expect, Order, OrderBranch, Outage, Participant, RetryOptions, Scenario, Settings};
 use crate::faults::{Fault, FaultPlan, FaultRule, Match, Side};
 use idem::core::Kind;
@@ -33,6 +34,11 @@ pub struct ChaosConfig {
     pub db_restarts: u32,
     /// The last coordinator's wall clock runs this many ms off.
     pub skewed_clock_ms: Option<i64>,
+    /// Database-link faults, spread over the orders (see [`DbLinkChaos`]).
+    pub db_link: DbLinkChaos,
+    /// The coordinators' bound on one database call; with database-link faults and none
+    /// given, [`DbLinkChaos::CALL_TIMEOUT_MS`].
+    pub database_call_timeout_ms: Option<u64>,
 }
 
 impl Default for ChaosConfig {
@@ -49,6 +55,8 @@ impl Default for ChaosConfig {
             outage_orders: 0,
             db_restarts: 0,
             skewed_clock_ms: None,
+            db_link: DbLinkChaos::default(),
+            database_call_timeout_ms: None,
         }
     }
 }
@@ -209,10 +217,23 @@ pub fn scenario(config: &ChaosConfig) -> Scenario {
             )
         })
         .collect();
+    const LEASE_MS: u64 = 2_000;
+    let call_timeout = match (config.database_call_timeout_ms, config.db_link.total()) {
+        (Some(ms), _) => Some(ms),
+        (None, 0) => None,
+        (None, _) => Some(DbLinkChaos::CALL_TIMEOUT_MS),
+    };
+    let mut plan = plan(config.fault_rate, config.seed);
+    plan.db_link = config.db_link.rules(
+        config.orders,
+        config.coordinators,
+        call_timeout.unwrap_or(DbLinkChaos::CALL_TIMEOUT_MS),
+        LEASE_MS,
+    );
     Scenario {
         name: format!("chaos-{}-orders-seed-{}", config.orders, config.seed),
         description: "random orders under random faults, coordinator kills and long outages".into(),
-        plan: plan(config.fault_rate, config.seed),
+        plan,
         coordinators: config.coordinators,
         concurrency: config.concurrency,
         settings: Settings {
@@ -220,13 +241,14 @@ pub fn scenario(config: &ChaosConfig) -> Scenario {
             retry_interval_ms: 20,
             max_retry_interval_ms: 500,
             request_timeout_ms: 1_000,
-            lease_ms: 2_000,
+            lease_ms: LEASE_MS,
             prepared_timeout_ms: 60_000,
             try_timeout_ms: 3_000,
             kill_every_ms: (config.kills > 0).then_some(config.kill_every_ms),
             kills: config.kills,
             db_restarts: config.db_restarts,
             skewed_clock_ms: config.skewed_clock_ms,
+            database_call_timeout_ms: call_timeout,
         },
         stock,
         accounts,
@@ -302,6 +324,7 @@ fn plan(rate: f64, seed: u64) -> FaultPlan {
             rule(Participant, Some("try"), 0.20, Fault::CommitThenDrop),
         ],
         crashes: Vec::new(),
+        db_link: Vec::new(),
     }
 }
 

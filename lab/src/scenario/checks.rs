@@ -6,11 +6,15 @@
 //! order's are fully undone, checked on each participant's ledger row; no coupon is issued
 //! twice; no branch operation is called past its attempt cap. With long outages: each met
 //! some order, and every order it met was seen stalled before the operator's retry. With
-//! database restarts: each one happened, and the server came back.
+//! database restarts: each one happened, and the server came back. And whatever happened
+//! to the database link: no coordinator row ever went back ([`super::rows`]), saga steps
+//! were called in order, no process called again a step it saw succeed, no coordinator
+//! running alone was taken over from, failed sagas compensated what they executed, and
+//! each failed call is once in its history ([`super::calls`]).
 
 use std::collections::BTreeMap;
 
-use super::{Error, Order, Participant, Participants, Report, Scenario};
+use super::{Error, Order, Participant, Participants, Report, Scenario, calls, rows};
 use crate::faults::TimelineEvent;
 use idem::core::{Kind, Status};
 use idem_demo::{coupon, inventory, payment};
@@ -205,6 +209,23 @@ pub fn check(scenario: &Scenario, report: &mut Report) {
     bounded_attempts(scenario, report, &mut v);
     super::outage::check(scenario, report, &mut v);
     super::restarts::check(scenario, report, &mut v);
+    super::db_link::check(scenario, report, &mut v);
+    // Unknown outcomes resolved, never redone blindly, never regressed.
+    v.extend(rows::step_backs(
+        &report.step_backs,
+        &report.operator_retry_at,
+    ));
+    v.extend(calls::saga_order(&scenario.orders, &report.deliveries));
+    v.extend(calls::recalled_after_success(&report.timeline));
+    v.extend(calls::alone_yet_taken_over(
+        &report.timeline,
+        &report.processes,
+    ));
+    v.extend(calls::uncompensated(
+        &scenario.orders,
+        &report.statuses,
+        &report.deliveries,
+    ));
 
     let e = &scenario.expect;
     for (gid, want) in &e.status {
@@ -277,6 +298,9 @@ pub fn check(scenario: &Scenario, report: &mut Report) {
             ));
         }
     }
+    if let Some(least) = e.min_failed_calls_per_step {
+        min_failed_calls_per_step(scenario, report, least, &mut v);
+    }
     for (gid, want) in &e.min_attempts {
         let got = report.attempts.get(gid).copied().unwrap_or(0);
         if got < *want {
@@ -324,5 +348,31 @@ fn bounded_attempts(scenario: &Scenario, report: &Report, v: &mut Vec<String>) {
             "{gid}: {branch_id}/{op} called as attempt {attempt}, past its cap of {}",
             caps[gid]
         ));
+    }
+}
+
+/// Each saga step's action has at least `least` failed calls in its transaction's history:
+/// a failed call the participant answered must not be lost from it (that each is there only
+/// once is checked for every run).
+fn min_failed_calls_per_step(
+    scenario: &Scenario,
+    report: &Report,
+    least: usize,
+    v: &mut Vec<String>,
+) {
+    for order in scenario.orders.iter().filter(|o| o.kind == Kind::Saga) {
+        let Some(history) = report.failed_calls.get(&order.gid) else {
+            continue;
+        };
+        for k in 0..order.branches.len() {
+            let step = format!("{}/action", super::branch_id(k));
+            let got = history.get(&step).copied().unwrap_or(0);
+            if got < least {
+                v.push(format!(
+                    "{}: step {step} has {got} failed calls in its history, expected at least {least}",
+                    order.gid
+                ));
+            }
+        }
     }
 }

@@ -23,6 +23,8 @@ pub(super) struct Client {
     coordinators: Arc<Coordinators>,
     urls: BTreeMap<Participant, String>,
     settings: Settings,
+    /// Each operator retry: when it was sent and answered, per gid.
+    retries: Mutex<BTreeMap<String, Vec<(idem::core::Millis, idem::core::Millis)>>>,
 }
 
 /// How long the client keeps retrying one request while coordinators restart.
@@ -87,7 +89,15 @@ impl Client {
             coordinators,
             urls,
             settings,
+            retries: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The operator's retries so far, per gid.
+    pub(super) fn operator_retries(
+        &self,
+    ) -> BTreeMap<String, Vec<(idem::core::Millis, idem::core::Millis)>> {
+        self.retries.lock().expect("poisoned").clone()
     }
 
     fn client_of(&self, url: &str) -> Result<idem_client::Client, Error> {
@@ -286,9 +296,16 @@ impl Client {
             retries += 1;
             // Whatever it answers (a refusal too), what counts is where the transaction
             // ends.
+            let sent = crate::faults::now();
             let _ = self
                 .api(via, &path, |c| async move { c.retry(gid).await })
                 .await?;
+            self.retries
+                .lock()
+                .expect("poisoned")
+                .entry(gid.clone())
+                .or_default()
+                .push((sent, crate::faults::now()));
             tx = self.wait_settled(via, gid).await?;
         }
         if order.late_try && order.kind == Kind::Tcc {

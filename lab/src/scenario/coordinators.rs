@@ -3,9 +3,10 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use super::calls::CoordinatorProcess;
 use super::{Error, RunConfig, Scenario, Settings};
 use crate::faults::{CrashAction, FaultPlan, Timeline, TimelineEvent};
 
@@ -15,6 +16,8 @@ pub(super) struct Coordinators {
     restarts: Arc<AtomicU32>,
     stopping: Arc<AtomicBool>,
     pids: Arc<RwLock<Vec<Option<u32>>>>,
+    /// Every process started, with when it started and was seen to end.
+    processes: Arc<Mutex<Vec<CoordinatorProcess>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -25,6 +28,8 @@ struct Launch {
     plan: FaultPlan,
     plan_file: PathBuf,
     timeline: PathBuf,
+    /// Where its stderr (the log) goes, appended to by every restart.
+    log: PathBuf,
     settings: Settings,
     /// This coordinator's wall clock runs this many ms off (test builds of `idem serve`).
     clock_offset_ms: Option<i64>,
@@ -83,6 +88,9 @@ impl Launch {
         if let Some(offset) = self.clock_offset_ms {
             args.extend(["--test-clock-offset-ms".into(), offset.to_string().into()]);
         }
+        if let Some(ms) = s.database_call_timeout_ms {
+            args.extend(["--database-call-timeout-ms".into(), ms.to_string().into()]);
+        }
         args
     }
 
@@ -92,12 +100,19 @@ impl Launch {
         let mut child = tokio::process::Command::new(&self.bin)
             .args(self.args())
             // IDEM_LAB_COORDINATOR_LOG: the coordinators' log filter when a run must be
-            // read afterwards (errors only by default, to keep test output short).
+            // read afterwards (errors only by default, to keep the files short); the log
+            // goes to `c<i>.log` in the work directory.
             .env(
                 "RUST_LOG",
                 std::env::var("IDEM_LAB_COORDINATOR_LOG").unwrap_or_else(|_| "error".into()),
             )
             .stdout(std::process::Stdio::piped())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.log)?,
+            )
             .kill_on_drop(true)
             .spawn()?;
         let stdout = child.stdout.take().expect("piped");
@@ -144,40 +159,59 @@ impl Launch {
 }
 
 impl Coordinators {
+    /// Starts `scenario.coordinators` processes, coordinator `i` on database URL `dbs[i]`.
     pub(super) async fn start(
         scenario: &Scenario,
         config: &RunConfig,
         timeline: &Path,
+        dbs: &[String],
     ) -> Result<Coordinators, Error> {
         let n = scenario.coordinators.max(1);
         let urls = Arc::new(RwLock::new(vec![String::new(); n]));
         let pids = Arc::new(RwLock::new(vec![None; n]));
+        let processes: Arc<Mutex<Vec<CoordinatorProcess>>> = Arc::default();
         let restarts = Arc::new(AtomicU32::new(0));
         let stopping = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
-        for i in 0..n {
+        for (i, db) in dbs.iter().enumerate().take(n) {
             let mut launch = Launch {
                 bin: config.idem_bin.clone(),
-                db: config.coordinator_db.clone(),
+                db: db.clone(),
                 node: format!("c{i}"),
                 plan: scenario.plan.clone(),
                 plan_file: config.work_dir.join(format!("plan-c{i}.json")),
                 timeline: timeline.to_owned(),
+                log: config.work_dir.join(format!("c{i}.log")),
                 settings: scenario.settings.clone(),
                 clock_offset_ms: clock_offset(&scenario.settings, i, n),
             };
             let (mut child, url) = launch.spawn().await?;
             urls.write().expect("poisoned")[i] = url;
             pids.write().expect("poisoned")[i] = child.id();
-            let (urls, pids, restarts, stopping) = (
+            let started = move |processes: &Mutex<Vec<CoordinatorProcess>>, pid: Option<u32>| {
+                processes
+                    .lock()
+                    .expect("poisoned")
+                    .push(CoordinatorProcess {
+                        node: format!("c{i}"),
+                        pid: pid.unwrap_or_default(),
+                        started_at: crate::faults::now(),
+                        ended_at: None,
+                    });
+            };
+            started(&processes, child.id());
+            let (urls, pids, restarts, stopping, processes) = (
                 Arc::clone(&urls),
                 Arc::clone(&pids),
                 Arc::clone(&restarts),
                 Arc::clone(&stopping),
+                Arc::clone(&processes),
             );
             tasks.push(tokio::spawn(async move {
                 loop {
+                    let pid = child.id();
                     let _ = child.wait().await;
+                    ended(&processes, pid);
                     // A dead child's pid may be handed to another process: never signal it.
                     pids.write().expect("poisoned")[i] = None;
                     if stopping.load(Ordering::SeqCst) {
@@ -189,6 +223,7 @@ impl Coordinators {
                     child = loop {
                         match launch.spawn().await {
                             Ok((c, url)) => {
+                                started(&processes, c.id());
                                 pids.write().expect("poisoned")[i] = c.id();
                                 urls.write().expect("poisoned")[i] = url;
                                 if stopping.load(Ordering::SeqCst) {
@@ -216,6 +251,7 @@ impl Coordinators {
             restarts,
             stopping,
             pids,
+            processes,
             tasks,
         })
     }
@@ -238,7 +274,9 @@ impl Coordinators {
         }
     }
 
-    pub(super) async fn stop(self) -> u32 {
+    /// Kills every coordinator; returns how many restarts there were, and every process
+    /// the run had.
+    pub(super) async fn stop(self) -> (u32, Vec<CoordinatorProcess>) {
         self.stopping.store(true, Ordering::SeqCst);
         for i in 0..self.count() {
             self.kill(i);
@@ -246,7 +284,21 @@ impl Coordinators {
         for t in self.tasks {
             let _ = t.await;
         }
-        self.restarts.load(Ordering::SeqCst)
+        let processes = self.processes.lock().expect("poisoned").clone();
+        (self.restarts.load(Ordering::SeqCst), processes)
+    }
+}
+
+/// Notes that the process `pid` was seen to end.
+fn ended(processes: &Mutex<Vec<CoordinatorProcess>>, pid: Option<u32>) {
+    let now = crate::faults::now();
+    let mut processes = processes.lock().expect("poisoned");
+    if let Some(p) = processes
+        .iter_mut()
+        .rev()
+        .find(|p| Some(p.pid) == pid && p.ended_at.is_none())
+    {
+        p.ended_at = Some(now);
     }
 }
 
@@ -262,6 +314,7 @@ mod tests {
             plan: FaultPlan::default(),
             plan_file: "plan.json".into(),
             timeline: "timeline.jsonl".into(),
+            log: "c0.log".into(),
             clock_offset_ms: clock_offset(&settings, i, n),
             settings,
         }

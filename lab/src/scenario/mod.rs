@@ -8,7 +8,9 @@
 //! client: it creates transactions, calls TCC Trys itself, submits or aborts, and retries a
 //! request whose coordinator died under it — with the same gid, which is what makes that safe.
 //! It also plays the operator: it heals long outages once the orders they hit have settled,
-//! and retries what stalled. And it can restart the database server mid-run (`restarts`).
+//! and retries what stalled. And it can restart the database server mid-run (`restarts`),
+//! or freeze, slow down or cut the coordinators' links to it (`db_link`), while it reads
+//! the coordinators' rows on the side (`sampler`) to catch any that goes back.
 //!
 //! Used by `lab/tests/scenarios.rs` (the files in `lab/tests/scenarios/`), `idem-lab replay` and
 //! `idem-lab chaos`.
@@ -24,26 +26,37 @@ use serde_json::Value;
 use crate::faults::{CallKey, FaultPlan, Timeline, TimelineEvent, fault_signature};
 use idem::core::{Kind, Status};
 
+mod calls;
 mod chaos;
+mod chaos_links;
 mod checks;
 mod client;
 mod coordinators;
+mod db_link;
 mod outage;
 mod participants;
 mod report;
 mod restarts;
+mod rows;
+mod sampler;
 
+pub use calls::{CoordinatorProcess, HistoryEntry};
 pub use chaos::{ChaosConfig, planned_to_fail, scenario as chaos_scenario};
+pub use chaos_links::DbLinkChaos;
 pub use checks::check;
+pub use db_link::DbLinkApplied;
 pub use outage::{Outage, OutageHit};
 pub use participants::Participants;
 pub use report::Report;
 pub use restarts::DbRestart;
+pub use rows::{BranchRow, GlobalRow, RowWatch, Sample, StepBack};
 
 use client::Client;
 use coordinators::Coordinators;
+use db_link::DbLinks;
 use outage::Outages;
 use restarts::Restarter;
+use sampler::Sampler;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -111,6 +124,11 @@ pub struct Settings {
     /// database's clock, so the skew must change nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skewed_clock_ms: Option<i64>,
+    /// The coordinators' bound on one database call (`idem serve
+    /// --database-call-timeout-ms`); idem's default when unset. Database-link freezes are
+    /// measured against it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database_call_timeout_ms: Option<u64>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -131,6 +149,7 @@ impl Default for Settings {
             kills: 0,
             db_restarts: 0,
             skewed_clock_ms: None,
+            database_call_timeout_ms: None,
         }
     }
 }
@@ -220,6 +239,11 @@ pub struct Expect {
     /// Failed calls recorded for the gid, at least.
     #[serde(default)]
     pub min_attempts: BTreeMap<String, i32>,
+    /// Every saga step's action has at least this many failed calls in its transaction's
+    /// history (e.g. 1 when every step answers 500 once, then succeeds: the 500 must not be
+    /// lost from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_failed_calls_per_step: Option<usize>,
 }
 
 impl Scenario {
@@ -302,8 +326,19 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     };
     let restart_at = restarts::points(scenario.orders.len(), scenario.settings.db_restarts);
     let outages = Outages::new(scenario);
+    let links = DbLinks::start(scenario, &config.coordinator_db).await?;
     let mut participants = Participants::start(scenario, config, &outages).await?;
-    let coordinators = Arc::new(Coordinators::start(scenario, config, &timeline_file).await?);
+    let coordinator_urls: Vec<String> = (0..scenario.coordinators.max(1))
+        .map(|i| {
+            links
+                .as_ref()
+                .map_or(config.coordinator_db.clone(), |l| l.url(i))
+        })
+        .collect();
+    let coordinators =
+        Arc::new(Coordinators::start(scenario, config, &timeline_file, &coordinator_urls).await?);
+    // Started once the coordinators have made their tables.
+    let sampler = Sampler::start(&config.coordinator_db).await?;
     let client = Arc::new(Client::new(
         Arc::clone(&coordinators),
         participants.urls.clone(),
@@ -340,6 +375,9 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
             for _ in restart_at.iter().filter(|&&at| at == i) {
                 restarter.trigger(i);
             }
+        }
+        if let Some(links) = &links {
+            links.order_started(i);
         }
         let client = Arc::clone(&client);
         let outages = Arc::clone(&outages);
@@ -393,10 +431,12 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
             Ok(tx) => {
                 report.statuses.insert(order.gid.clone(), tx.status);
                 report.attempts.insert(order.gid.clone(), tx.attempts);
+                report.record_history(&tx);
             }
             Err(e) => report.violations.push(e.to_string()),
         }
     }
+    report.operator_retry_at = client.operator_retries();
     drop(client);
     if scenario.expect.fenced {
         // The stale owner's refused write can come after the client saw the outcome (the
@@ -412,7 +452,16 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
         }
     }
     let coordinators = Arc::into_inner(coordinators).expect("the client and killer are done");
-    report.restarts = coordinators.stop().await;
+    (report.restarts, report.processes) = coordinators.stop().await;
+    if let Some(links) = &links {
+        links.finish(&mut report).await;
+    }
+    // The final rows, once no coordinator is left to write them.
+    let (rows, unread) = sampler.finish().await?;
+    report.row_samples = rows.samples;
+    report.unread_samples = unread;
+    report.step_backs = rows.step_backs.clone();
+    report.violations.extend(rows::final_state(&rows.last));
     report.timeline = Timeline::read(&timeline_file).unwrap_or_default();
     report.deliveries = participants.faults.deliveries();
     outages.record(&mut report);

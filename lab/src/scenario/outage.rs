@@ -339,6 +339,8 @@ mod tests {
             detail: None,
             fault: None,
             duration_ms: 1,
+            node: None,
+            pid: None,
         };
         let mut report = Report {
             outage_hits: vec![hit("out-1")],

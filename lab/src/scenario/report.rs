@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::{DbRestart, OutageHit};
+use super::calls::{self, CoordinatorProcess, HistoryEntry};
+use super::rows::{OperatorRetry, StepBack};
+use super::{DbLinkApplied, DbRestart, OutageHit};
 use crate::faults::{CallKey, Delivery, TimelineEvent, fault_signature};
 use idem::core::Status;
 
@@ -36,11 +38,56 @@ pub struct Report {
     /// Restarts of the database server, in order.
     #[serde(default)]
     pub db_restarts: Vec<DbRestart>,
+    /// Database-link faults, in the order they fired.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub db_link: Vec<DbLinkApplied>,
+    /// Every coordinator process of the run, restarts included.
+    #[serde(default)]
+    pub processes: Vec<CoordinatorProcess>,
+    /// When the operator retried each transaction it retried.
+    #[serde(default)]
+    pub operator_retry_at: BTreeMap<String, Vec<OperatorRetry>>,
+    /// Samples of the coordinator's rows read during the run (and the final one), and
+    /// samples that could not be read (the database restarting).
+    #[serde(default)]
+    pub row_samples: usize,
+    #[serde(default)]
+    pub unread_samples: u32,
+    /// Rows seen going back between two samples.
+    #[serde(default)]
+    pub step_backs: Vec<StepBack>,
+    /// Failed calls in each transaction's history, per `branch_id/action`.
+    #[serde(default)]
+    pub failed_calls: BTreeMap<String, BTreeMap<String, usize>>,
     pub violations: Vec<String>,
     pub wall_ms: u64,
 }
 
 impl Report {
+    /// A transaction's history as the coordinator showed it at the end: each failed call
+    /// must be in it once.
+    pub fn record_history(&mut self, tx: &idem_client::TxView) {
+        let history: Vec<HistoryEntry> = tx
+            .history
+            .iter()
+            .flatten()
+            .map(|h| HistoryEntry {
+                branch_id: h.branch_id.clone(),
+                action: h.action.as_str().to_owned(),
+                attempt: h.attempt,
+                started_at: h.started_at,
+            })
+            .collect();
+        self.violations
+            .extend(calls::history_repeats(&tx.gid, &history));
+        let counts = self.failed_calls.entry(tx.gid.clone()).or_default();
+        for h in &history {
+            *counts
+                .entry(format!("{}/{}", h.branch_id, h.action))
+                .or_default() += 1;
+        }
+    }
+
     /// Faults fired on both sides.
     pub fn faults(&self) -> usize {
         fault_signature(&self.timeline).len() + self.participant_faults().len()
@@ -102,6 +149,13 @@ impl Report {
             ),
         ];
         lines.extend(super::restarts::describe(&self.db_restarts));
+        lines.extend(super::db_link::describe(&self.db_link));
+        lines.push(format!(
+            "coordinator rows sampled {} times during the run ({} samples unreadable), {} seen going back",
+            self.row_samples,
+            self.unread_samples,
+            self.step_backs.len()
+        ));
         if !self.healed_at.is_empty() || !self.outage_hits.is_empty() {
             let met: BTreeSet<&str> = self.outage_hits.iter().map(|h| h.gid.as_str()).collect();
             lines.push(format!(
@@ -123,6 +177,29 @@ impl Report {
         lines.push(format!("violations: {}", self.violations.len()));
         lines.push(format!("wall time: {:.1} s", self.wall_ms as f64 / 1_000.0));
         lines.join("\n")
+    }
+
+    /// The violations grouped by the invariant they break, each group with its count and
+    /// its first `examples` lines: what a failed run shows first.
+    pub fn violation_digest(&self, examples: usize) -> String {
+        let mut groups: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+        for v in &self.violations {
+            let kind = KINDS
+                .iter()
+                .position(|(_, marks)| marks.iter().any(|m| v.contains(m)))
+                .unwrap_or(KINDS.len());
+            groups.entry(kind).or_default().push(v);
+        }
+        let mut out = Vec::new();
+        for (kind, lines) in groups {
+            let name = KINDS.get(kind).map_or("other", |(name, _)| name);
+            out.push(format!("{} × {name}:", lines.len()));
+            out.extend(lines.iter().take(examples).map(|l| format!("    {l}")));
+            if lines.len() > examples {
+                out.push(format!("    ... and {} more", lines.len() - examples));
+            }
+        }
+        out.join("\n")
     }
 
     /// The timeline in a readable form, in time order.
@@ -150,3 +227,48 @@ impl Report {
         lines
     }
 }
+
+/// The invariants a violation can break, each known by phrases of its lines.
+const KINDS: &[(&str, &[&str])] = &[
+    (
+        "a coordinator row went back (an older write landed over a newer one)",
+        &["went back"],
+    ),
+    (
+        "a saga step called before the previous step answered success",
+        &["was called (arrived"],
+    ),
+    (
+        "a step called again by the coordinator process that saw it succeed",
+        &["which called it again"],
+    ),
+    (
+        "a coordinator running alone was fenced off, lost a lease or took over",
+        &["was the only coordinator running"],
+    ),
+    (
+        "an action a failed saga executed was never compensated",
+        &["never compensated"],
+    ),
+    (
+        "a failed call stored more than once",
+        &["is in its history"],
+    ),
+    (
+        "a failed call missing from its history",
+        &["failed calls in its history, expected at least"],
+    ),
+    (
+        "final rows that disagree with the transaction's outcome",
+        &["succeeded, but its branch", "failed, but its step"],
+    ),
+    (
+        "a transaction that did not end as expected",
+        &[
+            "not succeeded or failed",
+            ": expected ",
+            "did not settle",
+            "could not finish",
+        ],
+    ),
+];

@@ -5,15 +5,25 @@
 //!
 //! - [`TcpProxy::partition`]: bytes stop flowing both ways, but every connection stays
 //!   open and new ones are accepted and then hear nothing: what a client sees when packets
-//!   are dropped. [`TcpProxy::heal`] lets the held bytes through again.
+//!   are dropped. [`TcpProxy::heal`] lets the held bytes through again;
+//!   [`TcpProxy::freeze`] is a partition that heals itself after a while (a stalled link,
+//!   a long pause of the server or of a middlebox).
+//! - [`TcpProxy::set_latency`]: every chunk of bytes waits this long on its way, per
+//!   direction: a slow or distant link.
+//! - [`TcpProxy::cut`]: every open connection is reset (RST, as by a firewall or a load
+//!   balancer that forgot them) while new ones are accepted as usual.
 //! - [`TcpProxy::stop`]: every connection is closed and new ones are refused, like a server
 //!   that went down. [`TcpProxy::start_again`] accepts again (the server came back; the old
 //!   connections stay dead, as after a restart).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use idem_sql::Backend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 
@@ -29,17 +39,31 @@ struct State {
     mode: Mode,
     /// Bumped by every stop: connections accepted before it end.
     epoch: u64,
+    /// Bumped by every cut: connections accepted before it are reset.
+    cuts: u64,
+    /// Bumped by every partition, heal and freeze: a freeze heals only its own partition.
+    holds: u64,
+    /// Added to every chunk on its way to the server, and on its way to the client.
+    latency: [Duration; 2],
+}
+
+/// Which way bytes go, as an index into [`State::latency`].
+#[derive(Clone, Copy)]
+enum Direction {
+    ToServer = 0,
+    ToClient = 1,
 }
 
 /// A proxy listening on a loopback port, forwarding to one server.
 pub struct TcpProxy {
     addr: SocketAddr,
     target: SocketAddr,
-    state: watch::Sender<State>,
-    /// Whether the port accepts connections, and how many connections are open: what
-    /// [`TcpProxy::stop`] and [`TcpProxy::start_again`] wait for.
+    state: Arc<watch::Sender<State>>,
+    /// Whether the port accepts connections, and how many connections are open per cut
+    /// generation: what [`TcpProxy::stop`], [`TcpProxy::start_again`] and
+    /// [`TcpProxy::cut`] wait for.
     listening: watch::Receiver<bool>,
-    open: watch::Receiver<usize>,
+    open: watch::Receiver<BTreeMap<u64, usize>>,
 }
 
 impl TcpProxy {
@@ -50,10 +74,13 @@ impl TcpProxy {
         let (state, watch) = watch::channel(State {
             mode: Mode::Forward,
             epoch: 0,
+            cuts: 0,
+            holds: 0,
+            latency: [Duration::ZERO; 2],
         });
         let (listening_tx, listening) = watch::channel(true);
-        let (open_tx, open) = watch::channel(0usize);
-        let counter = Counter(std::sync::Arc::new(open_tx));
+        let (open_tx, open) = watch::channel(BTreeMap::new());
+        let counter = Counter(Arc::new(open_tx));
         tokio::spawn(accept_loop(
             listener,
             addr,
@@ -65,7 +92,7 @@ impl TcpProxy {
         Ok(TcpProxy {
             addr,
             target,
-            state,
+            state: Arc::new(state),
             listening,
             open,
         })
@@ -116,24 +143,84 @@ impl TcpProxy {
     /// Holds every byte in both directions from now on; connections stay open, and new
     /// ones are accepted but hear nothing.
     pub fn partition(&self) {
-        self.set(Mode::Partitioned, false);
+        self.state.send_modify(|s| {
+            s.mode = Mode::Partitioned;
+            s.holds += 1;
+        });
     }
 
     /// Forwards again, held bytes first.
     pub fn heal(&self) {
-        self.set(Mode::Forward, false);
+        self.state.send_modify(|s| {
+            if s.mode == Mode::Partitioned {
+                s.mode = Mode::Forward;
+            }
+            s.holds += 1;
+        });
+    }
+
+    /// [`TcpProxy::partition`] for `hold`, then [`TcpProxy::heal`] on its own, unless
+    /// another partition, heal or freeze came in between (a later freeze replaces this
+    /// one's end with its own). Returns at once.
+    pub fn freeze(&self, hold: Duration) {
+        let mut this = 0;
+        self.state.send_modify(|s| {
+            s.mode = Mode::Partitioned;
+            s.holds += 1;
+            this = s.holds;
+        });
+        // The proxy's own state, not the proxy: a freeze outliving a dropped proxy is moot.
+        let state = Arc::downgrade(&self.state);
+        tokio::spawn(async move {
+            tokio::time::sleep(hold).await;
+            if let Some(state) = state.upgrade() {
+                state.send_modify(|s| {
+                    if s.holds == this && s.mode == Mode::Partitioned {
+                        s.mode = Mode::Forward;
+                    }
+                });
+            }
+        });
+    }
+
+    /// Whether bytes are held now (a partition or a freeze).
+    pub fn is_partitioned(&self) -> bool {
+        self.state.borrow().mode == Mode::Partitioned
+    }
+
+    /// Every chunk of bytes read from now on waits `to_server` (client to server) or
+    /// `to_client` (server to client) before it is passed on; zero for both ends the
+    /// latency. Chunks of one connection keep their order.
+    pub fn set_latency(&self, to_server: Duration, to_client: Duration) {
+        self.state
+            .send_modify(|s| s.latency = [to_server, to_client]);
+    }
+
+    /// Resets every open connection (both sockets closed with RST: the client reads
+    /// "connection reset", the server sees its client vanish) and keeps accepting new
+    /// ones; returns once the connections open before the cut are gone.
+    pub async fn cut(&self) {
+        let mut cut = 0;
+        self.state.send_modify(|s| {
+            s.cuts += 1;
+            cut = s.cuts;
+        });
+        wait_for(self.open.clone(), |open| open.range(..cut).next().is_none()).await;
     }
 
     /// Closes every connection and refuses new ones; returns once both are so.
     pub async fn stop(&self) {
-        self.set(Mode::Stopped, true);
+        self.state.send_modify(|s| {
+            s.mode = Mode::Stopped;
+            s.epoch += 1;
+        });
         wait_for(self.listening.clone(), |l| !*l).await;
-        wait_for(self.open.clone(), |n| *n == 0).await;
+        wait_for(self.open.clone(), BTreeMap::is_empty).await;
     }
 
     /// Accepts connections again after [`TcpProxy::stop`]; returns once it does.
     pub async fn start_again(&self) {
-        self.set(Mode::Forward, false);
+        self.state.send_modify(|s| s.mode = Mode::Forward);
         wait_for(self.listening.clone(), |l| *l).await;
     }
 
@@ -143,15 +230,6 @@ impl TcpProxy {
         self.stop().await;
         self.start_again().await;
     }
-
-    fn set(&self, mode: Mode, new_epoch: bool) {
-        self.state.send_modify(|s| {
-            s.mode = mode;
-            if new_epoch {
-                s.epoch += 1;
-            }
-        });
-    }
 }
 
 async fn wait_for<T>(mut watch: watch::Receiver<T>, done: impl Fn(&T) -> bool) {
@@ -159,29 +237,41 @@ async fn wait_for<T>(mut watch: watch::Receiver<T>, done: impl Fn(&T) -> bool) {
     let _ = watch.wait_for(done).await;
 }
 
-/// Counts open connections; each connection holds one [`Open`] while it lives.
+/// Counts open connections per cut generation; each connection holds one [`Open`] while
+/// it lives.
 #[derive(Clone)]
-struct Counter(std::sync::Arc<watch::Sender<usize>>);
+struct Counter(Arc<watch::Sender<BTreeMap<u64, usize>>>);
 
-struct Open(Counter);
+struct Open(Counter, u64);
 
 impl Counter {
-    fn open(&self) -> Open {
-        self.0.send_modify(|n| *n += 1);
-        Open(self.clone())
+    fn open(&self, cuts: u64) -> Open {
+        self.0.send_modify(|m| *m.entry(cuts).or_default() += 1);
+        Open(self.clone(), cuts)
     }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        (self.0).0.send_modify(|n| *n -= 1);
+        let cuts = self.1;
+        (self.0).0.send_modify(|m| {
+            if let Some(n) = m.get_mut(&cuts) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&cuts);
+                }
+            }
+        });
     }
 }
 
 impl Drop for TcpProxy {
     fn drop(&mut self) {
         // The accept loop and the connections end when they see it.
-        self.set(Mode::Stopped, true);
+        self.state.send_modify(|s| {
+            s.mode = Mode::Stopped;
+            s.epoch += 1;
+        });
     }
 }
 
@@ -219,8 +309,9 @@ async fn accept_loop(
         tokio::select! {
             accepted = accept(listener.as_ref()) => {
                 if let Ok((client, _)) = accepted {
-                    let open = counter.open();
-                    tokio::spawn(connection(client, target, state.epoch, watch.clone(), open));
+                    let born = Born { epoch: state.epoch, cuts: state.cuts };
+                    let open = counter.open(state.cuts);
+                    tokio::spawn(connection(client, target, born, watch.clone(), open));
                 }
             }
             changed = watch.changed() => {
@@ -248,10 +339,24 @@ fn rebind(addr: SocketAddr) -> Option<TcpListener> {
     socket.listen(128).ok()
 }
 
+/// The stop and cut generations a connection was accepted in: a newer one ends it.
+#[derive(Clone, Copy)]
+struct Born {
+    epoch: u64,
+    cuts: u64,
+}
+
+impl Born {
+    /// Whether the connection may live on in this state.
+    fn lives(self, state: &State) -> bool {
+        state.epoch == self.epoch && state.cuts == self.cuts && state.mode != Mode::Stopped
+    }
+}
+
 async fn connection(
     client: TcpStream,
     target: SocketAddr,
-    epoch: u64,
+    born: Born,
     mut watch: watch::Receiver<State>,
     _open: Open,
 ) {
@@ -260,34 +365,42 @@ async fn connection(
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    let (client_read, client_write) = client.into_split();
-    let (server_read, server_write) = server.into_split();
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
     let (to_server, to_client) = (watch.clone(), watch.clone());
-    let ended = async move {
+    let ended = async {
         loop {
-            if watch.borrow_and_update().epoch != epoch || watch.changed().await.is_err() {
+            if !born.lives(&watch.borrow_and_update()) || watch.changed().await.is_err() {
                 return;
             }
         }
     };
-    // Either direction ending (EOF, an error, a stop) closes both: database protocols do
-    // not half-close.
+    // Either direction ending (EOF, an error, a stop, a cut) closes both: database
+    // protocols do not half-close.
     tokio::select! {
-        _ = pump(client_read, server_write, epoch, to_server) => {}
-        _ = pump(server_read, client_write, epoch, to_client) => {}
+        _ = pump(&mut client_read, &mut server_write, Direction::ToServer, born, to_server) => {}
+        _ = pump(&mut server_read, &mut client_write, Direction::ToClient, born, to_client) => {}
         _ = ended => {}
+    }
+    if watch.borrow().cuts != born.cuts {
+        // Closed with a zero linger, a socket sends RST instead of FIN: both ends see the
+        // connection reset, not ended.
+        for socket in [client_write.as_ref(), server_write.as_ref()] {
+            let _ = socket.set_zero_linger();
+        }
     }
 }
 
 async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    epoch: u64,
+    from: &mut OwnedReadHalf,
+    to: &mut OwnedWriteHalf,
+    direction: Direction,
+    born: Born,
     mut watch: watch::Receiver<State>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if !forwarding(&mut watch, epoch).await {
+        if !forwarding(&mut watch, born).await {
             return;
         }
         let n = tokio::select! {
@@ -304,18 +417,22 @@ async fn pump(
                 continue;
             }
         };
+        let latency = watch.borrow().latency[direction as usize];
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
         // Bytes read just before a partition wait for it to heal, like bytes in flight.
-        if !forwarding(&mut watch, epoch).await || to.write_all(&buf[..n]).await.is_err() {
+        if !forwarding(&mut watch, born).await || to.write_all(&buf[..n]).await.is_err() {
             return;
         }
     }
 }
 
 /// Waits while partitioned; false once the connection must end.
-async fn forwarding(watch: &mut watch::Receiver<State>, epoch: u64) -> bool {
+async fn forwarding(watch: &mut watch::Receiver<State>, born: Born) -> bool {
     loop {
         let state = *watch.borrow_and_update();
-        if state.epoch != epoch || state.mode == Mode::Stopped {
+        if !born.lives(&state) {
             return false;
         }
         if state.mode == Mode::Forward {
