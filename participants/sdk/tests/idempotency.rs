@@ -250,15 +250,30 @@ async fn each_state_answers_a_repeat_as_the_seed_says() {
                 other => panic!("{b}: expected {code}, got {other:?}"),
             }
         }
-        let t = acquired(s.claim("t:op", "big", &hash(3)).await.unwrap());
-        let big = StoredResult::new(200, "x".repeat(64 * 1024 + 1));
+        // A body over the bound is refused at store time, nothing written: it could not
+        // be replayed whole.
+        let bounded = s.clone().with_max_result_body(1000);
+        let t = acquired(bounded.claim("t:op", "big", &hash(3)).await.unwrap());
+        let big = StoredResult::new(200, vec![7u8; 1001]);
         assert!(matches!(
-            s.complete(&t, big).await,
+            bounded.complete(&t, big).await,
             Err(IdempotencyError::Invalid {
                 code: "result_too_large",
                 ..
             })
         ));
+        assert_eq!(
+            bounded.lookup("t:op", "big").await.unwrap(),
+            Some((Status::Processing, 1)),
+            "{b}"
+        );
+        let exact = StoredResult::new(200, vec![7u8; 1000]);
+        bounded.complete(&t, exact.clone()).await.unwrap();
+        assert_eq!(
+            bounded.claim("t:op", "big", &hash(3)).await.unwrap(),
+            Claim::Replay(exact),
+            "{b}"
+        );
         db.drop_database().await;
     }
 }
