@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_participant::idempotency::{
-    Claim, ExpiredClaim, IdempotencyError, IdempotencyStore, LocalOutcome, Recovery, Status,
-    StoredResult, create_idempotency_tables, purge_idempotency,
+    BoxFuture, Claim, ExpiredClaim, IdempotencyError, IdempotencyStore, LocalOutcome, Recovery,
+    RecoveryHook, Status, StoredResult, create_idempotency_tables, purge_idempotency,
 };
 use idem_participant::testing::{self, TestDatabase};
 use idem_participant::{ManualClock, ParticipantError, SharedClock};
@@ -385,6 +385,50 @@ async fn retention_keeps_processing_and_young_records() {
             );
         }
         assert_eq!(s.lookup("t:op", "old0").await.unwrap(), None, "{b}");
+        db.drop_database().await;
+    }
+}
+
+/// A fact source that found the effect, with an answer too large to record.
+struct Oversized;
+
+impl RecoveryHook for Oversized {
+    fn recover<'a>(&'a self, _: &'a ExpiredClaim) -> BoxFuture<'a, Recovery> {
+        Box::pin(async { Recovery::Succeeded(StoredResult::new(201, vec![1u8; 2048])) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verdict_the_record_cannot_hold_leaves_the_outcome_unknown() {
+    for db in testing::all("a_verdict_the_record_cannot_hold").await {
+        let pool = setup(&db).await;
+        let clock = ManualClock::at(T0);
+        let s = store(&pool, &clock).with_max_result_body(1024);
+        let b = db.backend;
+        let t = acquired(s.claim("t:pay", "k", &hash(1)).await.unwrap());
+        s.mark_unknown(&t, Some(504)).await.unwrap();
+        let e = expired(
+            s.claim_with_recovery("t:pay", "k", &hash(1), &Oversized)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(
+            (e.status, e.answered, e.owner_token.clone()),
+            (Status::Unknown, Some(504), t.owner_token),
+            "{b}: still unknown, never a client error"
+        );
+        assert!(matches!(
+            s.settle(&e, Oversized.recover(&e).await).await,
+            Err(IdempotencyError::Invalid {
+                code: "result_too_large",
+                ..
+            })
+        ));
+        assert_eq!(
+            s.lookup("t:pay", "k").await.unwrap(),
+            Some((Status::Unknown, 1)),
+            "{b}: nothing written"
+        );
         db.drop_database().await;
     }
 }

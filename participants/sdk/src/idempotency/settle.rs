@@ -79,7 +79,17 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
         match self.claim(scope, key, hash).await? {
             Claim::Expired(expired) => {
                 let recovery = self.ask(hook, &expired).await;
-                self.resolve_expired(&expired, recovery).await
+                match self.resolve_expired(&expired, recovery).await {
+                    // A verdict the record cannot hold (a result over the bound) is no
+                    // verdict: the outcome stays unknown, and the hook's bug is logged.
+                    Err(IdempotencyError::Invalid { code, message }) => {
+                        tracing::error!(%scope, code, %message,
+                            "the recovery hook's answer cannot be recorded; the outcome stays unknown");
+                        count(scope, "unknown");
+                        Ok(Claim::Expired(expired))
+                    }
+                    other => other,
+                }
             }
             other => Ok(other),
         }

@@ -128,12 +128,16 @@ impl<DB: BarrierDatabase> Settler<DB> {
                 recovery = self.store.ask(hook.as_ref(), &record) => recovery,
                 _ = stopped.changed() => return Ok(()),
             };
-            match self.store.settle(&record, recovery).await? {
-                Settled::Recorded(status) => tracing::info!(scope = %record.scope,
+            // One record's failure (the database, a verdict the record cannot hold) does
+            // not stop the pass: the others are still settled, this one again next time.
+            match self.store.settle(&record, recovery).await {
+                Ok(Settled::Recorded(status)) => tracing::info!(scope = %record.scope,
                     status = status.as_str(), "the settler recorded the fact source's verdict"),
-                Settled::StillUnknown => tracing::debug!(scope = %record.scope,
+                Ok(Settled::StillUnknown) => tracing::debug!(scope = %record.scope,
                     "the fact source cannot tell yet; the record stays unsettled"),
-                Settled::Moved => {}
+                Ok(Settled::Moved) => {}
+                Err(e) => tracing::warn!(scope = %record.scope, error = %e,
+                    "the settler could not record the fact source's verdict"),
             }
             *cursor = id;
         }
