@@ -153,13 +153,16 @@ async fn the_order_service_turns_every_repeat_into_one_effect() {
             request_hash: String::new(),
             owner_token: "0".repeat(32),
             attempt: 1,
-            lease_until_ms: 0,
+            status: idem_participant::idempotency::Status::Unknown,
+            lease_until_ms: None,
+            answered: Some(503),
+            since_ms: 0,
         };
         match hook.recover(&expired("order-key-1")).await {
             Recovery::Succeeded(result) => {
                 assert_eq!(result.status, 201, "{name}");
                 assert_eq!(
-                    serde_json::from_str::<Value>(&result.body).unwrap(),
+                    serde_json::from_slice::<Value>(&result.body).unwrap(),
                     created,
                     "{name}"
                 );

@@ -1,11 +1,14 @@
 -- idem participant Idempotency-Key records, MySQL / MariaDB (InnoDB) (seed §7, §8).
 -- One row per (scope, idem_key): scope is "<tenant>:<operation>", so one tenant's key never
--- answers another's request. The UNIQUE key is what grants the right to act (a plain INSERT;
--- error 1062 means the record exists); status is PROCESSING | SUCCEEDED | FAILED_RETRYABLE |
--- FAILED_FINAL and every write after the claim names owner_token in its WHERE, so a stale
--- owner cannot overwrite. Times are Unix milliseconds from the service's clock.
+-- answers another's request. The UNIQUE key is what grants the right to act (a plain
+-- INSERT whose error 1062 means the record exists);
+-- status is PROCESSING | SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL | UNKNOWN (the handler
+-- may have acted and nobody knows yet: settled through the service's fact source, never
+-- re-run blindly), and every write after the claim names owner_token in its WHERE, so a
+-- stale owner cannot overwrite. Times are Unix milliseconds on the database's clock (on
+-- the store's `Clock` when it is given one, in tests).
 -- utf8mb4_bin: keys compare byte for byte, as on PostgreSQL and SQLite ("A1" is not "a1").
--- MEDIUMTEXT: TEXT stops at 64 KiB, below what a configured result bound may allow.
+-- MEDIUMTEXT / MEDIUMBLOB: TEXT and BLOB stop at 64 KiB, below what a result bound may allow.
 CREATE TABLE IF NOT EXISTS idem_idempotency (
     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
     scope VARCHAR(128) NOT NULL,
@@ -16,14 +19,17 @@ CREATE TABLE IF NOT EXISTS idem_idempotency (
     lease_until_ms BIGINT NULL,
     result_status BIGINT NULL,
     result_headers MEDIUMTEXT NULL,
+    -- The stored answer's body: text when it is UTF-8 without NUL (readable, and what an SDK
+    -- older than result_bytes replays), result_bytes otherwise; never both.
     result_body MEDIUMTEXT NULL,
+    result_bytes MEDIUMBLOB NULL,
     resource_id VARCHAR(128) NULL,
     attempts BIGINT NOT NULL DEFAULT 1,
     version BIGINT NOT NULL DEFAULT 1,
     created_at_ms BIGINT NOT NULL,
     updated_at_ms BIGINT NOT NULL,
     UNIQUE KEY idem_idempotency_uniq (scope, idem_key),
-    -- The recovery scan (PROCESSING rows whose lease ran out) and the stuck-PROCESSING metric.
+    -- The settler's scan (UNKNOWN rows, PROCESSING rows whose lease ran out) and the PROCESSING gauges.
     KEY idem_idempotency_lease (status, lease_until_ms),
     -- Retention deletes terminal rows by age.
     KEY idem_idempotency_updated (updated_at_ms)

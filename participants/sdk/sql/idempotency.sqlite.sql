@@ -1,9 +1,12 @@
 -- idem participant Idempotency-Key records, SQLite (seed §7, §8).
 -- One row per (scope, idem_key): scope is "<tenant>:<operation>", so one tenant's key never
 -- answers another's request. The UNIQUE key is what grants the right to act (insert if
--- absent); status is PROCESSING | SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL and every write
--- after the claim names owner_token in its WHERE, so a stale owner cannot overwrite.
--- Times are Unix milliseconds from the service's clock.
+-- absent);
+-- status is PROCESSING | SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL | UNKNOWN (the handler
+-- may have acted and nobody knows yet: settled through the service's fact source, never
+-- re-run blindly), and every write after the claim names owner_token in its WHERE, so a
+-- stale owner cannot overwrite. Times are Unix milliseconds on the database's clock (on
+-- the store's `Clock` when it is given one, in tests).
 CREATE TABLE IF NOT EXISTS idem_idempotency (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     scope VARCHAR(128) NOT NULL,
@@ -14,7 +17,10 @@ CREATE TABLE IF NOT EXISTS idem_idempotency (
     lease_until_ms BIGINT NULL,
     result_status BIGINT NULL,
     result_headers TEXT NULL,
+    -- The stored answer's body: text when it is UTF-8 without NUL (readable, and what an SDK
+    -- older than result_bytes replays), result_bytes otherwise; never both.
     result_body TEXT NULL,
+    result_bytes BLOB NULL,
     resource_id VARCHAR(128) NULL,
     attempts BIGINT NOT NULL DEFAULT 1,
     version BIGINT NOT NULL DEFAULT 1,
@@ -22,7 +28,7 @@ CREATE TABLE IF NOT EXISTS idem_idempotency (
     updated_at_ms BIGINT NOT NULL,
     UNIQUE (scope, idem_key)
 );
--- The recovery scan (PROCESSING rows whose lease ran out) and the stuck-PROCESSING metric.
+-- The settler's scan (UNKNOWN rows, PROCESSING rows whose lease ran out) and the PROCESSING gauges.
 CREATE INDEX IF NOT EXISTS idem_idempotency_lease ON idem_idempotency (status, lease_until_ms);
 -- Retention deletes terminal rows by age.
 CREATE INDEX IF NOT EXISTS idem_idempotency_updated ON idem_idempotency (updated_at_ms);

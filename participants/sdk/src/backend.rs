@@ -20,14 +20,16 @@ pub(crate) use sealed::{Arg, Cell, CellKind};
 pub(crate) mod sealed {
     use super::*;
 
-    /// A bind value. The barrier only ever binds text, optional text and integers, which
-    /// every backend (including `Any`) encodes.
+    /// A bind value. The barrier only ever binds text, optional text, integers and
+    /// (for stored response bodies) optional bytes, which every backend (including `Any`)
+    /// encodes.
     #[derive(Clone, Debug)]
     pub enum Arg {
         Text(String),
         OptText(Option<String>),
         Int(i64),
         OptInt(Option<i64>),
+        OptBytes(Option<Vec<u8>>),
     }
 
     /// What a column of [`Ops::fetch_cells`] is read as.
@@ -38,6 +40,8 @@ pub(crate) mod sealed {
         /// Nullable 64-bit integer (`BIGINT` on PostgreSQL: an `INTEGER` column does not
         /// decode as one).
         Int,
+        /// Nullable bytes (`BYTEA`, `BLOB`).
+        Bytes,
     }
 
     /// One value of a row read by [`Ops::fetch_cells`].
@@ -47,6 +51,8 @@ pub(crate) mod sealed {
         Text(Option<String>),
         /// An integer column.
         Int(Option<i64>),
+        /// A bytes column.
+        Bytes(Option<Vec<u8>>),
     }
 
     impl Cell {
@@ -54,7 +60,7 @@ pub(crate) mod sealed {
         pub fn text(&self) -> Option<&str> {
             match self {
                 Cell::Text(v) => v.as_deref(),
-                Cell::Int(_) => None,
+                _ => None,
             }
         }
 
@@ -62,7 +68,15 @@ pub(crate) mod sealed {
         pub fn int(&self) -> Option<i64> {
             match self {
                 Cell::Int(v) => *v,
-                Cell::Text(_) => None,
+                _ => None,
+            }
+        }
+
+        /// The bytes, if this is a non-null bytes cell.
+        pub fn bytes(&self) -> Option<&[u8]> {
+            match self {
+                Cell::Bytes(v) => v.as_deref(),
+                _ => None,
             }
         }
     }
@@ -120,6 +134,7 @@ macro_rules! bind_args {
                 Arg::OptText(v) => query.bind(v),
                 Arg::Int(v) => query.bind(v),
                 Arg::OptInt(v) => query.bind(v),
+                Arg::OptBytes(v) => query.bind(v),
             };
         }
         query
@@ -199,6 +214,9 @@ macro_rules! impl_barrier_database {
                                     }
                                     CellKind::Int => {
                                         row.try_get::<Option<i64>, _>(i).map(Cell::Int)
+                                    }
+                                    CellKind::Bytes => {
+                                        row.try_get::<Option<Vec<u8>>, _>(i).map(Cell::Bytes)
                                     }
                                 })
                                 .collect::<Result<Vec<_>, _>>()

@@ -200,6 +200,11 @@ impl<DB: BarrierDatabase> PaymentCallbacks<DB> {
         &self.provider
     }
 
+    /// The callback table's name (what [`purge_payment_callbacks`] must be given).
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
     /// The hex HMAC-SHA256 of `body` under the secret (what the provider sends; for tests
     /// and simulators).
     pub fn sign(&self, body: &[u8]) -> String {

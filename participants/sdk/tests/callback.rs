@@ -10,8 +10,8 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use idem_participant::callback::{
-    MIN_CALLBACK_RETENTION, OnCredit, SIGNATURE_HEADER, create_callback_tables,
-    purge_payment_callbacks,
+    DEFAULT_CALLBACK_TABLE, MIN_CALLBACK_RETENTION, OnCredit, SIGNATURE_HEADER,
+    create_callback_tables, create_callback_tables_named, purge_payment_callbacks,
 };
 use idem_participant::testing::{self, TestDatabase};
 use idem_participant::{
@@ -399,14 +399,16 @@ async fn retention_keeps_young_and_conflict_rows_and_a_purged_txn_is_still_no_se
             deliver(&cb, &pool, &notice("o-r", "txn-late")).await,
             CallbackOutcome::Conflict(_)
         ));
-        let short = purge_payment_callbacks(&pool, Duration::from_secs(3600), 100, &shared).await;
+        let short =
+            purge_payment_callbacks(&pool, cb.table(), Duration::from_secs(3600), 100, &shared)
+                .await;
         assert!(short.is_err(), "a window under the minimum is refused");
         clock.advance(i64::try_from(MIN_CALLBACK_RETENTION.as_millis()).unwrap() + 1);
         assert_eq!(
             deliver(&cb, &pool, &notice("o-y", "txn-y")).await,
             CallbackOutcome::Credited
         );
-        let purged = purge_payment_callbacks(&pool, MIN_CALLBACK_RETENTION, 1, &shared)
+        let purged = purge_payment_callbacks(&pool, cb.table(), MIN_CALLBACK_RETENTION, 1, &shared)
             .await
             .unwrap();
         assert_eq!(purged, 1, "{}: only the old credited row", db.backend);
@@ -422,6 +424,74 @@ async fn retention_keeps_young_and_conflict_rows_and_a_purged_txn_is_still_no_se
             db.backend
         );
         assert_eq!(count(&pool, "SELECT COUNT(*) FROM outbox").await, 2);
+        pool.close().await;
+        db.drop_database().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_honours_a_custom_callback_table() {
+    for db in testing::all("callback_purge_custom_table").await {
+        let b = db.backend;
+        let pool = setup(&db).await;
+        create_callback_tables_named(&pool, "shop_callbacks")
+            .await
+            .expect("custom table");
+        add_order(&pool, "o-c", "WAIT_PAY").await;
+        add_order(&pool, "o-d", "WAIT_PAY").await;
+        let clock = ManualClock::at(1_700_000_000_000);
+        let shared: SharedClock = Arc::new(clock.clone());
+        let custom = callbacks(shared.clone())
+            .with_table("shop_callbacks")
+            .unwrap();
+        let default = callbacks(shared.clone());
+        assert_eq!(custom.table(), "shop_callbacks");
+        assert_eq!(
+            deliver(&custom, &pool, &notice("o-c", "txn-c")).await,
+            CallbackOutcome::Credited
+        );
+        assert_eq!(
+            deliver(&default, &pool, &notice("o-d", "txn-d")).await,
+            CallbackOutcome::Credited
+        );
+        clock.advance(i64::try_from(MIN_CALLBACK_RETENTION.as_millis()).unwrap() + 1);
+        let rows = |table: &'static str| {
+            let pool = pool.clone();
+            async move { count(&pool, &format!("SELECT COUNT(*) FROM {table}")).await }
+        };
+        assert_eq!(
+            (
+                rows("shop_callbacks").await,
+                rows(DEFAULT_CALLBACK_TABLE).await
+            ),
+            (1, 1),
+            "{b}"
+        );
+        let purged =
+            purge_payment_callbacks(&pool, custom.table(), MIN_CALLBACK_RETENTION, 10, &shared)
+                .await
+                .unwrap();
+        assert_eq!(purged, 1, "{b}: the custom table's old row");
+        assert_eq!(
+            (
+                rows("shop_callbacks").await,
+                rows(DEFAULT_CALLBACK_TABLE).await
+            ),
+            (0, 1),
+            "{b}: only the named table was purged"
+        );
+        assert!(
+            purge_payment_callbacks(
+                &pool,
+                "x; DROP TABLE orders",
+                MIN_CALLBACK_RETENTION,
+                10,
+                &shared
+            )
+            .await
+            .is_err(),
+            "{b}: a malformed table name is refused"
+        );
         pool.close().await;
         db.drop_database().await;
     }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_participant::idempotency::{
-    Claim, ExpiredClaim, IdempotencyError, IdempotencyStore, LocalOutcome, Recovery, Status,
-    StoredResult, create_idempotency_tables, purge_idempotency,
+    BoxFuture, Claim, ExpiredClaim, IdempotencyError, IdempotencyStore, LocalOutcome, Recovery,
+    RecoveryHook, Status, StoredResult, create_idempotency_tables, purge_idempotency,
 };
 use idem_participant::testing::{self, TestDatabase};
 use idem_participant::{ManualClock, ParticipantError, SharedClock};
@@ -250,15 +250,30 @@ async fn each_state_answers_a_repeat_as_the_seed_says() {
                 other => panic!("{b}: expected {code}, got {other:?}"),
             }
         }
-        let t = acquired(s.claim("t:op", "big", &hash(3)).await.unwrap());
-        let big = StoredResult::new(200, "x".repeat(64 * 1024 + 1));
+        // A body over the bound is refused at store time, nothing written: it could not
+        // be replayed whole.
+        let bounded = s.clone().with_max_result_body(1000);
+        let t = acquired(bounded.claim("t:op", "big", &hash(3)).await.unwrap());
+        let big = StoredResult::new(200, vec![7u8; 1001]);
         assert!(matches!(
-            s.complete(&t, big).await,
+            bounded.complete(&t, big).await,
             Err(IdempotencyError::Invalid {
                 code: "result_too_large",
                 ..
             })
         ));
+        assert_eq!(
+            bounded.lookup("t:op", "big").await.unwrap(),
+            Some((Status::Processing, 1)),
+            "{b}"
+        );
+        let exact = StoredResult::new(200, vec![7u8; 1000]);
+        bounded.complete(&t, exact.clone()).await.unwrap();
+        assert_eq!(
+            bounded.claim("t:op", "big", &hash(3)).await.unwrap(),
+            Claim::Replay(exact),
+            "{b}"
+        );
         db.drop_database().await;
     }
 }
@@ -370,6 +385,50 @@ async fn retention_keeps_processing_and_young_records() {
             );
         }
         assert_eq!(s.lookup("t:op", "old0").await.unwrap(), None, "{b}");
+        db.drop_database().await;
+    }
+}
+
+/// A fact source that found the effect, with an answer too large to record.
+struct Oversized;
+
+impl RecoveryHook for Oversized {
+    fn recover<'a>(&'a self, _: &'a ExpiredClaim) -> BoxFuture<'a, Recovery> {
+        Box::pin(async { Recovery::Succeeded(StoredResult::new(201, vec![1u8; 2048])) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verdict_the_record_cannot_hold_leaves_the_outcome_unknown() {
+    for db in testing::all("a_verdict_the_record_cannot_hold").await {
+        let pool = setup(&db).await;
+        let clock = ManualClock::at(T0);
+        let s = store(&pool, &clock).with_max_result_body(1024);
+        let b = db.backend;
+        let t = acquired(s.claim("t:pay", "k", &hash(1)).await.unwrap());
+        s.mark_unknown(&t, Some(504)).await.unwrap();
+        let e = expired(
+            s.claim_with_recovery("t:pay", "k", &hash(1), &Oversized)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(
+            (e.status, e.answered, e.owner_token.clone()),
+            (Status::Unknown, Some(504), t.owner_token),
+            "{b}: still unknown, never a client error"
+        );
+        assert!(matches!(
+            s.settle(&e, Oversized.recover(&e).await).await,
+            Err(IdempotencyError::Invalid {
+                code: "result_too_large",
+                ..
+            })
+        ));
+        assert_eq!(
+            s.lookup("t:pay", "k").await.unwrap(),
+            Some((Status::Unknown, 1)),
+            "{b}: nothing written"
+        );
         db.drop_database().await;
     }
 }

@@ -7,82 +7,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idem_participant::idempotency::http::{IdempotencyLayer, RouteRule};
-use idem_participant::idempotency::{
-    BoxFuture, ExpiredClaim, IdempotencyStore, Recovery, RecoveryHook, Status, StoredResult,
-    create_idempotency_tables,
-};
+use idem_participant::idempotency::http::{IdempotencyLayer, NothingHappened, RouteRule};
+use idem_participant::idempotency::{IdempotencyStore, Status};
 use idem_participant::testing::{self, TestDatabase};
 use idem_participant::{Clock, ManualClock, SharedClock, SystemClock};
-use sqlx::{AnyPool, Row};
+use sqlx::AnyPool;
 
-async fn setup(db: &TestDatabase) -> AnyPool {
-    let pool = idem_participant::connect(&db.url, 8)
-        .await
-        .expect("connect");
-    create_idempotency_tables(&pool)
-        .await
-        .expect("idempotency table");
-    // The source of truth of the crash test: one row per external effect.
-    sqlx::query("CREATE TABLE charges (charge_key VARCHAR(128) PRIMARY KEY)")
-        .execute(&pool)
-        .await
-        .expect("charges");
-    pool
-}
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}")
-}
-
-fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
-}
-
-struct Reply {
-    status: u16,
-    replayed: bool,
-    body: String,
-}
-
-async fn send(
-    client: &reqwest::Client,
-    url: &str,
-    key: Option<&str>,
-    tenant: &str,
-    body: &str,
-) -> Reply {
-    let mut req = client
-        .post(url)
-        .header("content-type", "application/json")
-        .header("idem-tenant", tenant)
-        .body(body.to_owned());
-    if let Some(key) = key {
-        req = req.header("idempotency-key", key);
-    }
-    let resp = req.send().await.expect("send");
-    Reply {
-        status: resp.status().as_u16(),
-        replayed: resp
-            .headers()
-            .get("idempotency-replayed")
-            .is_some_and(|v| v == "true"),
-        body: resp.text().await.unwrap(),
-    }
-}
+#[path = "kit_support/keys.rs"]
+mod keys;
+use keys::{ChargeLookup, charge, charge_result, charges, client, send, serve, setup};
 
 /// The handler of the layer tests: counts its runs; answers 422 for `"bad": true`, 503
-/// on the first run of `"flaky": true`, otherwise 201 with a fresh id (so a replay is
+/// marked "nothing happened" on the first run of `"flaky": true`, otherwise 201 with a fresh id (so a replay is
 /// provably the first answer, not a second run). It first waits until `arrivals` reaches
 /// `hold`, so that concurrent requests really overlap with it.
 #[derive(Clone)]
@@ -105,7 +48,13 @@ async fn handler(State(app): State<App>, body: String) -> Response {
             .into_response();
     }
     if value["flaky"] == true && run == 1 {
-        return (StatusCode::SERVICE_UNAVAILABLE, "down").into_response();
+        // Down before acting: the next repeat may run it again.
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Extension(NothingHappened),
+            "down",
+        )
+            .into_response();
     }
     (
         StatusCode::CREATED,
@@ -175,7 +124,7 @@ async fn fifty_concurrent_identical_posts_run_the_handler_once() {
             replies.iter().map(|r| r.status).collect::<Vec<_>>()
         );
         assert!(
-            replies.iter().all(|r| r.body == replies[0].body),
+            replies.iter().all(|r| r.bytes == replies[0].bytes),
             "{b}: one body for all"
         );
         assert_eq!(
@@ -215,8 +164,8 @@ async fn keys_conflicts_and_failures_answer_as_the_seed_says() {
         )
         .await;
         assert_eq!(
-            (same.status, same.replayed, &same.body),
-            (201, true, &first.body),
+            (same.status, same.replayed, &same.bytes),
+            (201, true, &first.bytes),
             "{b}"
         );
         let other = send(
@@ -229,9 +178,9 @@ async fn keys_conflicts_and_failures_answer_as_the_seed_says() {
         .await;
         assert_eq!(other.status, 409, "{b}");
         assert!(
-            other.body.contains("idempotency_key_conflict"),
+            other.text().contains("idempotency_key_conflict"),
             "{b}: {}",
-            other.body
+            other.text()
         );
         // Another tenant's same key is another record.
         let tenant = send(
@@ -247,14 +196,14 @@ async fn keys_conflicts_and_failures_answer_as_the_seed_says() {
 
         let missing = send(&client, &url, None, "acme", "{}").await;
         assert_eq!(missing.status, 400, "{b}");
-        assert!(missing.body.contains("idempotency_key_required"), "{b}");
+        assert!(missing.text().contains("idempotency_key_required"), "{b}");
         for bad in ["has space", &"k".repeat(129), "ü"] {
             let r = send(&client, &url, Some(bad), "acme", "{}").await;
             assert_eq!(r.status, 400, "{b}: {bad}");
             assert!(
-                r.body.contains("invalid_idempotency_key"),
+                r.text().contains("invalid_idempotency_key"),
                 "{b}: {}",
-                r.body
+                r.text()
             );
         }
         assert_eq!(runs(), 2, "{b}: refused before the handler");
@@ -264,13 +213,14 @@ async fn keys_conflicts_and_failures_answer_as_the_seed_says() {
         assert_eq!((bad.status, bad.replayed), (422, false), "{b}");
         let again = send(&client, &url, Some("k-bad"), "acme", r#"{"bad": true}"#).await;
         assert_eq!(
-            (again.status, again.replayed, &again.body),
-            (422, true, &bad.body),
+            (again.status, again.replayed, &again.bytes),
+            (422, true, &bad.bytes),
             "{b}"
         );
         assert_eq!(runs(), 3, "{b}");
 
-        // 5xx: FAILED_RETRYABLE, re-acquired and run again, then replayed.
+        // A 5xx marked "nothing happened": FAILED_RETRYABLE, re-acquired and run again,
+        // then replayed.
         app.runs.store(0, Ordering::SeqCst);
         let down = send(
             &client,
@@ -304,8 +254,8 @@ async fn keys_conflicts_and_failures_answer_as_the_seed_says() {
         )
         .await;
         assert_eq!(
-            (replay.status, replay.replayed, &replay.body),
-            (201, true, &up.body),
+            (replay.status, replay.replayed, &replay.bytes),
+            (201, true, &up.bytes),
             "{b}"
         );
         assert_eq!(runs(), 2, "{b}");
@@ -318,34 +268,7 @@ async fn keys_conflicts_and_failures_answer_as_the_seed_says() {
 const CHILD_DB: &str = "IDEM_KEYS_CHILD_DB";
 const CHILD_PHASE: &str = "IDEM_KEYS_CHILD_PHASE";
 
-/// The external call of the crash test: records its effect in `charges` (the source of
-/// truth the recovery hook reads).
-async fn charge(pool: &AnyPool, key: &str) {
-    sqlx::query(
-        idem_participant::Backend::from_url(&url_of(pool))
-            .unwrap()
-            .sql("INSERT INTO charges (charge_key) VALUES (?)"),
-    )
-    .bind(key.to_owned())
-    .execute(pool)
-    .await
-    .expect("charge");
-}
-
-fn url_of(pool: &AnyPool) -> String {
-    pool.connect_options().database_url.to_string()
-}
-
-fn charge_result(key: &str) -> StoredResult {
-    StoredResult {
-        status: 201,
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: serde_json::json!({"charge": key}).to_string(),
-        resource_id: Some(key.to_owned()),
-    }
-}
-
-/// The child server (a re-run of this test binary): a 60 s lease on the system clock, and
+/// The child server (a re-run of this test binary): a 60 s lease on the database's clock, and
 /// a handler that blocks for ever before (`before`) or after (`after`) its external call,
 /// saying so on stdout. Does nothing when not started as the child.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,9 +277,8 @@ async fn child_server() {
         return;
     };
     let pool = idem_participant::connect(&url, 4).await.unwrap();
-    let store = IdempotencyStore::new(pool.clone())
-        .with_clock(Arc::new(SystemClock))
-        .with_lease(Duration::from_secs(60));
+    // Leases on the database's clock, as in production.
+    let store = IdempotencyStore::new(pool.clone()).with_lease(Duration::from_secs(60));
     let router = Router::new().route(
         "/charges",
         post(move |req: axum::http::HeaderMap| {
@@ -378,42 +300,6 @@ async fn child_server() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     println!("IDEMCHILD port {}", listener.local_addr().unwrap().port());
     axum::serve(listener, router).await.unwrap();
-}
-
-/// The restarted service's hook: the charge row says whether the effect happened.
-struct ChargeLookup {
-    pool: AnyPool,
-    asked: Arc<AtomicUsize>,
-}
-
-impl RecoveryHook for ChargeLookup {
-    fn recover<'a>(&'a self, expired: &'a ExpiredClaim) -> BoxFuture<'a, Recovery> {
-        Box::pin(async move {
-            self.asked.fetch_add(1, Ordering::SeqCst);
-            let sql = idem_participant::Backend::from_url(&url_of(&self.pool))
-                .unwrap()
-                .sql("SELECT COUNT(*) FROM charges WHERE charge_key = ?");
-            match sqlx::query(sql)
-                .bind(expired.key.clone())
-                .fetch_one(&self.pool)
-                .await
-            {
-                Ok(row) if row.get::<i64, _>(0) > 0 => {
-                    Recovery::Succeeded(charge_result(&expired.key))
-                }
-                Ok(_) => Recovery::NotHappened,
-                Err(_) => Recovery::Unknown,
-            }
-        })
-    }
-}
-
-async fn charges(pool: &AnyPool) -> i64 {
-    sqlx::query("SELECT COUNT(*) FROM charges")
-        .fetch_one(pool)
-        .await
-        .unwrap()
-        .get::<i64, _>(0)
 }
 
 /// Kills the child server if the test fails before it does (no orphaned servers).
@@ -515,7 +401,7 @@ async fn a_server_killed_during_processing_is_recovered_from_the_source_of_truth
             "{b}"
         );
         let runs = Arc::new(AtomicUsize::new(0));
-        let asked = Arc::new(AtomicUsize::new(0));
+        let hook = ChargeLookup::new(&pool);
         let handler_pool = pool.clone();
         let handler_runs = runs.clone();
         let router = Router::new().route(
@@ -538,31 +424,20 @@ async fn a_server_killed_during_processing_is_recovered_from_the_source_of_truth
         );
         let router = IdempotencyLayer::new(store)
             .route(Method::POST, "/charges", RouteRule::new("charge"))
-            .recovery(ChargeLookup {
-                pool: pool.clone(),
-                asked: asked.clone(),
-            })
+            .recovery(hook.clone())
             .apply(router);
         let url = format!("{}/charges", serve(router).await);
         let client = client();
 
         // The effect happened before the crash: answered from the charge, no second run.
         let r = send(&client, &url, Some("pay-after"), "-", body).await;
-        assert_eq!((r.status, r.replayed), (201, true), "{b}: {}", r.body);
-        assert_eq!(r.body, charge_result("pay-after").body, "{b}");
-        assert_eq!(
-            (runs.load(Ordering::SeqCst), asked.load(Ordering::SeqCst)),
-            (0, 1),
-            "{b}"
-        );
+        assert_eq!((r.status, r.replayed), (201, true), "{b}: {}", r.text());
+        assert_eq!(r.bytes, charge_result("pay-after").body, "{b}");
+        assert_eq!((runs.load(Ordering::SeqCst), hook.asked()), (0, 1), "{b}");
         // The effect did not happen: taken over under a new owner and run once.
         let r = send(&client, &url, Some("pay-before"), "-", body).await;
-        assert_eq!((r.status, r.replayed), (201, false), "{b}: {}", r.body);
-        assert_eq!(
-            (runs.load(Ordering::SeqCst), asked.load(Ordering::SeqCst)),
-            (1, 2),
-            "{b}"
-        );
+        assert_eq!((r.status, r.replayed), (201, false), "{b}: {}", r.text());
+        assert_eq!((runs.load(Ordering::SeqCst), hook.asked()), (1, 2), "{b}");
         assert_eq!(
             IdempotencyStore::new(pool.clone())
                 .lookup("-:charge", "pay-before")
@@ -575,11 +450,7 @@ async fn a_server_killed_during_processing_is_recovered_from_the_source_of_truth
             let r = send(&client, &url, Some(key), "-", body).await;
             assert_eq!((r.status, r.replayed), (201, true), "{b}");
         }
-        assert_eq!(
-            (runs.load(Ordering::SeqCst), asked.load(Ordering::SeqCst)),
-            (1, 2),
-            "{b}"
-        );
+        assert_eq!((runs.load(Ordering::SeqCst), hook.asked()), (1, 2), "{b}");
         assert_eq!(charges(&pool).await, 2, "{b}: one charge per key");
         db.drop_database().await;
     }

@@ -7,14 +7,14 @@
 //!
 //! * a repeat after the answer is the layer's replay of the stored answer;
 //! * a repeat while the first still runs is the layer's 202;
-//! * a repeat after the first's process died mid-way (lease expired) goes to
-//!   [`OrderRecovery`], which reads the fact source — the `orders` row the key made —
-//!   instead of running the handler blindly; when the row exists it re-submits the saga
-//!   under the same gid (the coordinator's own key: a second submit starts nothing) and
-//!   answers as the first would have;
+//! * a repeat after the first's process died mid-way (lease expired), or after it answered
+//!   a 5xx (an unknown outcome: the order may exist), goes to [`OrderRecovery`], which
+//!   reads the fact source — the `orders` row the key made — instead of running the
+//!   handler blindly; when the row exists it re-submits the saga under the same gid (the
+//!   coordinator's own key: a second submit starts nothing) and answers as the first
+//!   would have;
 //! * the handler itself inserts the order if absent by `(tenant, idem_key)` and reads it
-//!   back, so even a re-run (after a 5xx marked the record retryable) reuses the first
-//!   order id.
+//!   back, so even a re-run (after the hook found no order) reuses the first order id.
 
 use axum::Json;
 use axum::extract::State;
@@ -127,8 +127,9 @@ pub async fn create_order(
     };
     match submit_saga(&app, &order).await {
         Ok(()) => (StatusCode::CREATED, Json(Created::from(&order))).into_response(),
-        // 5xx: the layer marks the record retryable, and the client's retry finds this
-        // order again and re-submits the same saga.
+        // 5xx: the order exists, the saga may or may not: the layer records an unknown
+        // outcome, and the client's retry is settled by `OrderRecovery`, which finds this
+        // order and re-submits the same saga.
         Err(e) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "coordinator_unavailable",

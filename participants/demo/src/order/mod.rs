@@ -113,9 +113,8 @@ pub fn router(pool: AnyPool, config: OrderConfig) -> Result<Router, String> {
         clock: config.clock.clone(),
         callbacks,
     };
-    let store = IdempotencyStore::new(pool)
-        .with_clock(config.clock)
-        .with_lease(config.create_lease);
+    // Leases on the database's clock: every instance of the service judges them alike.
+    let store = IdempotencyStore::new(pool).with_lease(config.create_lease);
     let keyed = Router::new().route("/orders", post(create::create_order));
     let keyed = IdempotencyLayer::new(store)
         .route(

@@ -46,16 +46,20 @@ pub async fn create_callback_tables_named<DB: BarrierDatabase>(
     Ok(())
 }
 
-/// Deletes CREDITED callback rows received more than `older_than` ago, `batch` rows per
-/// statement; CONFLICT rows stay until a human deals with them. Refuses a window shorter
-/// than [`MIN_CALLBACK_RETENTION`] (the seed's §24: the window is the provider's
-/// notification period).
+/// Deletes CREDITED rows of the callback table `table` ([`DEFAULT_CALLBACK_TABLE`], or the
+/// name given to [`PaymentCallbacks::with_table`](super::PaymentCallbacks::with_table))
+/// received more than `older_than` ago, `batch` rows per statement; CONFLICT rows stay
+/// until a human deals with them. Refuses a window shorter than [`MIN_CALLBACK_RETENTION`]
+/// (the seed's §24: the window is the provider's notification period) and a malformed
+/// table name.
 pub async fn purge_payment_callbacks<DB: BarrierDatabase>(
     pool: &Pool<DB>,
+    table: &str,
     older_than: Duration,
     batch: u32,
     clock: &SharedClock,
 ) -> Result<u64, ParticipantError> {
+    check_table_name(table).map_err(ParticipantError::refused)?;
     if older_than < MIN_CALLBACK_RETENTION {
         return Err(ParticipantError::refused(format!(
             "a callback retention of {older_than:?} is shorter than the minimum {MIN_CALLBACK_RETENTION:?}"
@@ -65,7 +69,7 @@ pub async fn purge_payment_callbacks<DB: BarrierDatabase>(
     let cutoff = clock.now_ms().saturating_sub(window);
     let deleted = crate::kit::delete_all_in_batches(
         pool,
-        DEFAULT_CALLBACK_TABLE,
+        table,
         "outcome = 'CREDITED' AND received_at_ms < ?",
         vec![Arg::Int(cutoff)],
         batch,

@@ -1,5 +1,6 @@
-//! The record protocol: claim, the end writes fenced by the owner token, recovery of an
-//! expired claim, and mode 1 (everything in one local transaction).
+//! The record protocol: claim, lease renewal, the end writes fenced by the owner token, and
+//! mode 1 (everything in one local transaction). Settling records nobody runs is in
+//! `settle.rs`.
 //!
 //! Every operation is one local transaction ([`crate::kit::run_local`]): on MySQL/MariaDB
 //! (REPEATABLE READ) a plain read after a conditional UPDATE that matched nothing may show
@@ -12,16 +13,18 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use super::rows::{Row, end_args, end_sql, insert_if_absent, read_row};
+use super::rows::{
+    End, Row, end_args, end_sql, insert_if_absent, read_row, reclaim_sql, renew_sql,
+};
 use super::{
-    Claim, ExpiredClaim, IdempotencyError, MAX_RESOURCE_ID_LEN, Recovery, RecoveryHook, Status,
-    StoredResult, TABLE, Ticket, check_inputs, count, invalid,
+    Claim, IdempotencyError, MAX_RESOURCE_ID_LEN, Status, StoredResult, TABLE, Ticket,
+    check_inputs, count, invalid,
 };
 use crate::backend::{Arg, BarrierDatabase, CellKind};
 use crate::barrier::RetryPolicy;
 use crate::error::ParticipantError;
 use crate::kit::local::exec;
-use crate::kit::{LocalTx, SharedClock, new_owner_token, run_local, system_clock};
+use crate::kit::{LocalTx, SharedClock, db_now_ms, new_owner_token, run_local};
 
 /// How many times a claim re-runs after losing a race to another claim of the same record
 /// before it answers "in progress" (each loss means someone else just changed the row).
@@ -30,16 +33,21 @@ const RACE_ATTEMPTS: u32 = 8;
 /// The default lease of a mode-2 claim.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The default bound of a stored result body, in bytes.
-const DEFAULT_MAX_RESULT_BODY: usize = 64 * 1024;
+const DEFAULT_MAX_RESULT_BODY: usize = 1024 * 1024;
+/// The largest bound a store accepts: what MySQL's MEDIUMBLOB / MEDIUMTEXT hold.
+pub const MAX_RESULT_BODY_LIMIT: usize = 16 * 1024 * 1024 - 1;
+/// How long the recovery hook may take before its answer counts as "unknown".
+const DEFAULT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Idempotency records in the service's database (table `idem_idempotency`, created by
 /// [`create_idempotency_tables`](super::create_idempotency_tables)).
 pub struct IdempotencyStore<DB: BarrierDatabase> {
-    pool: Pool<DB>,
-    clock: SharedClock,
+    pub(super) pool: Pool<DB>,
+    clock: Option<SharedClock>,
     lease: Duration,
     max_result_body: usize,
-    retry: RetryPolicy,
+    recovery_timeout: Duration,
+    pub(super) retry: RetryPolicy,
 }
 
 impl<DB: BarrierDatabase> Clone for IdempotencyStore<DB> {
@@ -49,6 +57,7 @@ impl<DB: BarrierDatabase> Clone for IdempotencyStore<DB> {
             clock: self.clock.clone(),
             lease: self.lease,
             max_result_body: self.max_result_body,
+            recovery_timeout: self.recovery_timeout,
             retry: self.retry,
         }
     }
@@ -71,33 +80,57 @@ enum Step {
 }
 
 impl<DB: BarrierDatabase> IdempotencyStore<DB> {
-    /// A store on `pool`, with the system clock, a 30 s lease and 64 KiB result bodies.
+    /// A store on `pool`: leases on the database's clock, 30 s long, result bodies up to
+    /// 1 MiB, the recovery hook given 10 s.
     pub fn new(pool: Pool<DB>) -> Self {
         IdempotencyStore {
             pool,
-            clock: system_clock(),
+            clock: None,
             lease: DEFAULT_LEASE,
             max_result_body: DEFAULT_MAX_RESULT_BODY,
+            recovery_timeout: DEFAULT_RECOVERY_TIMEOUT,
             retry: RetryPolicy::default(),
         }
     }
 
-    /// Reads leases on `clock` (a `ManualClock` in tests).
+    /// Reads the time on `clock` instead of the database's: a `ManualClock`, in tests that
+    /// expire leases by moving it. Every instance of a service must then share one clock,
+    /// or a skewed one judges a live lease expired; in production leave the database's.
     pub fn with_clock(mut self, clock: SharedClock) -> Self {
-        self.clock = clock;
+        self.clock = Some(clock);
         self
     }
 
     /// How long a mode-2 claim holds the record before a repeat may ask the recovery hook.
-    /// Longer than the handler's slowest run (its external call's timeout included).
+    /// The layer renews it every third of its length while the handler runs, so it only
+    /// needs to outlast a stall of this process or of its database link.
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
-    /// The largest result body stored, in bytes; a larger one is refused (`result_too_large`).
+    /// The largest result body stored, in bytes; a larger one is refused
+    /// (`result_too_large`).
+    ///
+    /// # Panics
+    /// Above [`MAX_RESULT_BODY_LIMIT`], what MySQL's columns hold (MySQL's and MariaDB's
+    /// `max_allowed_packet` must also exceed the bound).
     pub fn with_max_result_body(mut self, bytes: usize) -> Self {
+        assert!(
+            bytes <= MAX_RESULT_BODY_LIMIT,
+            "a result body bound of {bytes} bytes is over the {MAX_RESULT_BODY_LIMIT} the columns hold"
+        );
         self.max_result_body = bytes;
+        self
+    }
+
+    /// How long [`claim_with_recovery`](Self::claim_with_recovery) and the [`Settler`]
+    /// wait for the recovery hook; a slower answer counts as [`Recovery::Unknown`].
+    ///
+    /// [`Settler`]: super::Settler
+    /// [`Recovery::Unknown`]: super::Recovery::Unknown
+    pub fn with_recovery_timeout(mut self, timeout: Duration) -> Self {
+        self.recovery_timeout = timeout;
         self
     }
 
@@ -106,9 +139,10 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
         &self.pool
     }
 
-    /// The clock.
-    pub fn clock(&self) -> &SharedClock {
-        &self.clock
+    /// The clock given with [`with_clock`](Self::with_clock); `None` when the database's
+    /// clock decides.
+    pub fn clock(&self) -> Option<&SharedClock> {
+        self.clock.as_ref()
     }
 
     /// The lease of a mode-2 claim.
@@ -121,8 +155,28 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
         self.max_result_body
     }
 
-    fn lease_ms(&self) -> i64 {
+    /// How long the recovery hook is given.
+    pub fn recovery_timeout(&self) -> Duration {
+        self.recovery_timeout
+    }
+
+    pub(super) fn lease_ms(&self) -> i64 {
         i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// SQL for now in Unix ms: the database's clock, or the given clock's reading as a
+    /// literal (an integer of ours, never input).
+    pub(super) fn now_sql(&self) -> String {
+        match &self.clock {
+            None => db_now_ms(DB::pool_dialect(&self.pool)).to_owned(),
+            Some(clock) => {
+                let integer = match DB::pool_dialect(&self.pool) {
+                    idem_sql::Backend::Mysql => "SIGNED",
+                    _ => "BIGINT",
+                };
+                format!("CAST({} AS {integer})", clock.now_ms())
+            }
+        }
     }
 
     /// Mode 2: claims (scope, key) for the request with digest `hash`, committing a
@@ -153,110 +207,56 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
         })
     }
 
-    /// [`claim`](Self::claim), and when the lease of the record's owner ran out, asks
-    /// `hook` what happened and settles the record accordingly ([`resolve_expired`](Self::resolve_expired)).
-    pub async fn claim_with_recovery(
-        &self,
-        scope: &str,
-        key: &str,
-        hash: &str,
-        hook: &dyn RecoveryHook,
-    ) -> Result<Claim, IdempotencyError> {
-        match self.claim(scope, key, hash).await? {
-            Claim::Expired(expired) => {
-                let recovery = hook.recover(&expired).await;
-                self.resolve_expired(&expired, recovery).await
-            }
-            other => Ok(other),
-        }
-    }
-
-    /// Settles an expired claim as the source of truth says: records the result
-    /// (`Succeeded`, `FailedFinal`: answered as a replay), takes the record over under a
-    /// new owner token (`NotHappened`: [`Claim::Acquired`], run it), or leaves it
-    /// `PROCESSING` (`Unknown`: [`Claim::Expired`] again, answer "unknown, retry later").
-    /// Each write names the expired owner's token, so of two repeats racing to recover one
-    /// wins and the other answers from what the winner wrote.
-    pub async fn resolve_expired(
-        &self,
-        expired: &ExpiredClaim,
-        recovery: Recovery,
-    ) -> Result<Claim, IdempotencyError> {
-        let (scope, key) = (expired.scope.as_str(), expired.key.as_str());
-        let token = new_owner_token();
-        let now = self.clock.now_ms();
-        let (sql, args, answer) = match recovery {
-            Recovery::Unknown => {
-                count(scope, "unknown");
-                return Ok(Claim::Expired(expired.clone()));
-            }
-            Recovery::NotHappened => (
-                format!(
-                    "UPDATE {TABLE} SET owner_token = ?, lease_until_ms = ?, attempts = attempts + 1, version = version + 1, updated_at_ms = ? \
-                     WHERE scope = ? AND idem_key = ? AND status = 'PROCESSING' AND owner_token = ? AND lease_until_ms <= ?"
-                ),
-                vec![
-                    Arg::Text(token.clone()),
-                    Arg::Int(now.saturating_add(self.lease_ms())),
-                    Arg::Int(now),
-                    Arg::Text(scope.into()),
-                    Arg::Text(key.into()),
-                    Arg::Text(expired.owner_token.clone()),
-                    Arg::Int(now),
-                ],
-                None,
-            ),
-            Recovery::Succeeded(result) => {
-                self.check_result(&result)?;
-                let sql = end_sql("AND lease_until_ms <= ?");
-                let mut args = end_args(Status::Succeeded, &token, &result, now, scope, key);
-                args.push(Arg::Text(expired.owner_token.clone()));
-                args.push(Arg::Int(now));
-                (sql, args, Some(Claim::Replay(result)))
-            }
-            Recovery::FailedFinal(result) => {
-                self.check_result(&result)?;
-                let sql = end_sql("AND lease_until_ms <= ?");
-                let mut args = end_args(Status::FailedFinal, &token, &result, now, scope, key);
-                args.push(Arg::Text(expired.owner_token.clone()));
-                args.push(Arg::Int(now));
-                (sql, args, Some(Claim::FailedFinal(result)))
-            }
-        };
+    /// Mode 2: extends the ticket's lease to a full lease from now, while its handler
+    /// runs. `false` when the ticket no longer holds the record (its lease ran out and
+    /// someone settled or took it): the owner's end write will then be refused.
+    pub async fn renew(&self, ticket: &Ticket) -> Result<bool, IdempotencyError> {
+        let (scope, key) = (ticket.scope.as_str(), ticket.key.as_str());
+        let args = vec![
+            Arg::Int(self.lease_ms()),
+            Arg::Text(scope.into()),
+            Arg::Text(key.into()),
+            Arg::Text(ticket.owner_token.clone()),
+        ];
         let row = self
-            .write_then_read("idempotency recovery", &sql, args, scope, key)
+            .write_then_read(
+                "idempotency renew",
+                &renew_sql(&self.now_sql()),
+                args,
+                scope,
+                key,
+            )
             .await?;
-        match row {
-            Some(row) if row.owner_token == token => {
-                count(scope, "recovered");
-                Ok(answer.unwrap_or(Claim::Acquired(Ticket {
-                    scope: scope.into(),
-                    key: key.into(),
-                    owner_token: token,
-                    attempt: row.attempts,
-                })))
-            }
-            // Another repeat settled it first (or the row went): answer from what it wrote.
-            _ => self.claim(scope, key, &expired.request_hash).await,
+        let held = row.is_some_and(|row| {
+            row.status == Status::Processing && row.owner_token == ticket.owner_token
+        });
+        if !held {
+            count(scope, "lease_lost");
         }
+        Ok(held)
     }
 
     /// Mode 2: records that the ticket's request succeeded with `result`. Refused with
     /// [`IdempotencyError::StaleOwner`] (nothing written) when the ticket no longer holds
-    /// the record. Calling it twice with the same ticket is fine.
+    /// the record, and with `result_too_large` when the body is over the bound. Calling it
+    /// twice with the same ticket is fine.
     pub async fn complete(
         &self,
         ticket: &Ticket,
         result: StoredResult,
     ) -> Result<(), IdempotencyError> {
         self.check_result(&result)?;
-        self.finish(ticket, Status::Succeeded, Some(&result)).await
+        self.finish(ticket, End::with_result(Status::Succeeded, &result))
+            .await
     }
 
-    /// Mode 2: records that the request failed in a way a retry may cure; the next request
-    /// with this key re-claims it under a new owner token and runs it again.
+    /// Mode 2: records that the request failed before it changed anything (a retry may
+    /// cure it); the next request with this key re-claims it under a new owner token and
+    /// runs it again. Only for failures known to have had no effect: otherwise
+    /// [`mark_unknown`](Self::mark_unknown).
     pub async fn fail_retryable(&self, ticket: &Ticket) -> Result<(), IdempotencyError> {
-        self.finish(ticket, Status::FailedRetryable, None).await
+        self.finish(ticket, End::bare(Status::FailedRetryable, None))
+            .await
     }
 
     /// Mode 2: records that the request failed for good with `result`; every repeat gets it.
@@ -266,42 +266,42 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
         result: StoredResult,
     ) -> Result<(), IdempotencyError> {
         self.check_result(&result)?;
-        self.finish(ticket, Status::FailedFinal, Some(&result))
+        self.finish(ticket, End::with_result(Status::FailedFinal, &result))
             .await
     }
 
-    async fn finish(
+    /// Mode 2: records that the run ended without a known outcome after it may have acted
+    /// (`answered`: the status it answered, if it answered). The record becomes `UNKNOWN`:
+    /// repeats ask the recovery hook, or answer "outcome unknown", and never run it again
+    /// until the fact source says the effect did not happen.
+    pub async fn mark_unknown(
         &self,
         ticket: &Ticket,
-        status: Status,
-        result: Option<&StoredResult>,
+        answered: Option<u16>,
     ) -> Result<(), IdempotencyError> {
+        self.finish(ticket, End::bare(Status::Unknown, answered))
+            .await
+    }
+
+    async fn finish(&self, ticket: &Ticket, end: End<'_>) -> Result<(), IdempotencyError> {
         let (scope, key) = (ticket.scope.as_str(), ticket.key.as_str());
-        let empty = StoredResult::default();
-        let now = self.clock.now_ms();
-        let sql = end_sql("");
-        let mut args = end_args(
-            status,
-            &ticket.owner_token,
-            result.unwrap_or(&empty),
-            now,
-            scope,
-            key,
-        );
-        if result.is_none() {
-            // A retryable failure keeps no result: the re-run's is the one that counts.
-            args[1] = Arg::OptInt(None);
-            args[2] = Arg::OptText(None);
-            args[3] = Arg::OptText(None);
-        }
-        args.push(Arg::Text(ticket.owner_token.clone()));
+        let token = ticket.owner_token.as_str();
+        let args = end_args(&end, token, scope, key, Status::Processing, token);
         let row = self
-            .write_then_read("idempotency finish", &sql, args, scope, key)
+            .write_then_read(
+                "idempotency finish",
+                &end_sql(&self.now_sql(), ""),
+                args,
+                scope,
+                key,
+            )
             .await?;
         match row {
-            Some(row) if row.owner_token == ticket.owner_token && row.status == status => {
-                if status != Status::Succeeded {
-                    count(scope, "failed");
+            Some(row) if row.owner_token == token && row.status == end.status => {
+                match end.status {
+                    Status::Succeeded => {}
+                    Status::Unknown => count(scope, "ended_unknown"),
+                    _ => count(scope, "failed"),
                 }
                 Ok(())
             }
@@ -365,16 +365,10 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
                             };
                             // Our own uncommitted row, locked by this transaction: the
                             // UPDATE cannot miss it, so no read-back.
-                            let mut args = end_args(
-                                status,
-                                &ticket.owner_token,
-                                &result,
-                                self.clock.now_ms(),
-                                scope,
-                                key,
-                            );
-                            args.push(Arg::Text(ticket.owner_token.clone()));
-                            exec(&tx, &end_sql(""), args).await?;
+                            let token = ticket.owner_token.as_str();
+                            let end = End::with_result(status, &result);
+                            let args = end_args(&end, token, scope, key, Status::Processing, token);
+                            exec(&tx, &end_sql(&self.now_sql(), ""), args).await?;
                             Ok(Some(LocalOutcome::First(result)))
                         }
                         Step::Done(other) => Ok(Some(LocalOutcome::Repeat(other))),
@@ -427,7 +421,7 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
 
     /// Runs one conditional write and reads the row back in the same local transaction:
     /// the caller decides by the owner token it finds, never by the affected-row count.
-    async fn write_then_read(
+    pub(super) async fn write_then_read(
         &self,
         what: &'static str,
         sql: &str,
@@ -439,18 +433,18 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
             let args = args.clone();
             async move {
                 exec(&tx, sql, args).await?;
-                read_row(&tx, scope, key).await
+                read_row(&tx, &self.now_sql(), scope, key).await
             }
         })
         .await
     }
 
-    fn check_result(&self, result: &StoredResult) -> Result<(), IdempotencyError> {
+    pub(super) fn check_result(&self, result: &StoredResult) -> Result<(), IdempotencyError> {
         if result.body.len() > self.max_result_body {
             return Err(invalid(
                 "result_too_large",
                 format!(
-                    "a result body of {} bytes is over the store's bound of {} bytes",
+                    "a result body of {} bytes is over the store's bound of {} bytes: it cannot be replayed, so it is not stored",
                     result.body.len(),
                     self.max_result_body
                 ),
@@ -478,9 +472,8 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
         hash: &str,
         token: &str,
     ) -> Result<Step, ParticipantError> {
-        let now = self.clock.now_ms();
-        let lease_until = now.saturating_add(self.lease_ms());
-        if insert_if_absent(tx, scope, key, hash, token, lease_until, now).await? {
+        let now = self.now_sql();
+        if insert_if_absent(tx, &now, (scope, key, hash), token, self.lease_ms()).await? {
             return Ok(Step::Done(Claim::Acquired(Ticket {
                 scope: scope.into(),
                 key: key.into(),
@@ -488,7 +481,7 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
                 attempt: 1,
             })));
         }
-        let Some(row) = read_row(tx, scope, key).await? else {
+        let Some(row) = read_row(tx, &now, scope, key).await? else {
             // Purged between the insert and the read: try again.
             return Ok(Step::Raced);
         };
@@ -498,42 +491,26 @@ impl<DB: BarrierDatabase> IdempotencyStore<DB> {
         let claim = match row.status {
             Status::Succeeded => Claim::Replay(row.result()?),
             Status::FailedFinal => Claim::FailedFinal(row.result()?),
-            Status::Processing => {
-                let until = row.lease_until_ms.unwrap_or(0);
-                if until > now {
-                    let ms = u64::try_from(until - now).unwrap_or(0);
+            Status::Processing | Status::Unknown => match row.unsettled(scope, key) {
+                Some(expired) => Claim::Expired(expired),
+                None => {
+                    let left = row.lease_until_ms.unwrap_or(0) - row.now_ms;
                     Claim::InProgress {
-                        retry_after: Duration::from_millis(ms),
+                        retry_after: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
                     }
-                } else {
-                    Claim::Expired(ExpiredClaim {
-                        scope: scope.into(),
-                        key: key.into(),
-                        request_hash: row.request_hash.clone(),
-                        owner_token: row.owner_token.clone(),
-                        attempt: row.attempts,
-                        lease_until_ms: until,
-                    })
                 }
-            }
+            },
             Status::FailedRetryable => {
-                exec(
-                    tx,
-                    &format!(
-                        "UPDATE {TABLE} SET status = 'PROCESSING', owner_token = ?, lease_until_ms = ?, attempts = attempts + 1, version = version + 1, updated_at_ms = ? \
-                         WHERE scope = ? AND idem_key = ? AND status = 'FAILED_RETRYABLE' AND version = ?"
-                    ),
-                    vec![
-                        Arg::Text(token.into()),
-                        Arg::Int(lease_until),
-                        Arg::Int(now),
-                        Arg::Text(scope.into()),
-                        Arg::Text(key.into()),
-                        Arg::Int(row.version),
-                    ],
-                )
-                .await?;
-                return Ok(match read_row(tx, scope, key).await? {
+                let sql = reclaim_sql(&now, "status = 'FAILED_RETRYABLE' AND version = ?");
+                let args = vec![
+                    Arg::Text(token.into()),
+                    Arg::Int(self.lease_ms()),
+                    Arg::Text(scope.into()),
+                    Arg::Text(key.into()),
+                    Arg::Int(row.version),
+                ];
+                exec(tx, &sql, args).await?;
+                return Ok(match read_row(tx, &now, scope, key).await? {
                     Some(mine) if mine.owner_token == token => {
                         Step::Done(Claim::Acquired(Ticket {
                             scope: scope.into(),

@@ -25,11 +25,12 @@ use idem_sql::Backend;
 
 /// Where leases and retention windows read the time, in Unix milliseconds.
 ///
-/// The service's clock, not the database's: a lease only decides *when* another instance
-/// may take over, never *whether* a write lands (every write after a claim names the owner
-/// token in its `WHERE`), so skew between instances delays a takeover but cannot let a
-/// stale owner overwrite a newer one. Tests give a [`ManualClock`] and move it instead of
-/// sleeping.
+/// A lease only decides *when* another instance may take over, never *whether* a write
+/// lands (every write after a claim names the owner token in its `WHERE`), so skew between
+/// instances cannot let a stale owner overwrite a newer one; it can still hand a live claim
+/// to a second instance early, which is why the Idempotency-Key records judge their leases
+/// on the database's clock ([`db_now_ms`]) unless given one of these. Tests give a
+/// [`ManualClock`] and move it instead of sleeping.
 pub trait Clock: Send + Sync + 'static {
     /// Now, in milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
@@ -82,6 +83,22 @@ pub fn system_clock() -> SharedClock {
 /// that was taken over can be told from its successor by comparing tokens.
 pub fn new_owner_token() -> String {
     uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// SQL for the database's current time in Unix milliseconds, for `backend`: one clock for
+/// every instance of a service, so that a lease written by one instance and judged by
+/// another means the same moment to both.
+///
+/// MySQL/MariaDB counts from `UTC_TIMESTAMP`, never `UNIX_TIMESTAMP(NOW())`, whose
+/// conversion through the session's time zone is ambiguous for an hour each autumn.
+pub fn db_now_ms(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => "CAST(floor(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)",
+        Backend::Mysql => {
+            "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
+        }
+        Backend::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    }
 }
 
 /// Deletes at most `batch` rows of `table` that match `predicate` (SQL with `?`
@@ -138,6 +155,34 @@ pub(crate) async fn run_script<DB: BarrierDatabase>(
     postgres: &str,
     mysql: &str,
 ) -> Result<(), sqlx::Error> {
+    run_statements(pool, [sqlite, postgres, mysql], |s| s, false).await
+}
+
+/// Runs a forward step of a kit table (the `ALTER TABLE .. ADD COLUMN` statements of
+/// `pool`'s backend, each passed through `rename` for tables under another name), so that a
+/// table created by an older SDK gains what a newer one reads and writes. A column that is
+/// already there is no error: PostgreSQL's scripts say `ADD COLUMN IF NOT EXISTS`, and
+/// MySQL/MariaDB (error 1060) and SQLite, which have no such clause, both answer
+/// "duplicate column", which is taken as "done". So the step is safe to run at every start.
+pub(crate) async fn run_forward_step<DB: BarrierDatabase>(
+    pool: &Pool<DB>,
+    sqlite: &str,
+    postgres: &str,
+    mysql: &str,
+    rename: impl Fn(String) -> String,
+) -> Result<(), sqlx::Error> {
+    run_statements(pool, [sqlite, postgres, mysql], rename, true).await
+}
+
+/// Runs the script of `pool`'s backend (`scripts`: SQLite, PostgreSQL, MySQL) statement by
+/// statement, each passed through `rename`; `existing_columns_done`: "duplicate column" is
+/// no error.
+async fn run_statements<DB: BarrierDatabase>(
+    pool: &Pool<DB>,
+    [sqlite, postgres, mysql]: [&str; 3],
+    rename: impl Fn(String) -> String,
+    existing_columns_done: bool,
+) -> Result<(), sqlx::Error> {
     let script = match DB::pool_dialect(pool) {
         Backend::Sqlite => sqlite,
         Backend::Postgres => postgres,
@@ -145,7 +190,15 @@ pub(crate) async fn run_script<DB: BarrierDatabase>(
     };
     let mut conn = pool.acquire().await?;
     for statement in crate::schema::split_sql_script(script) {
-        DB::exec(&mut conn, statement, Vec::new()).await?;
+        match DB::exec(&mut conn, rename(statement), Vec::new()).await {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(e))
+                if existing_columns_done
+                    && e.message()
+                        .to_ascii_lowercase()
+                        .contains("duplicate column") => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }

@@ -59,3 +59,19 @@ pub fn counter_value(counters: &[Counter], name: &str, labels: &[(&str, &str)]) 
         .map(|(_, _, v)| v)
         .sum()
 }
+
+/// The unlabelled gauges set since the last snapshot, by name (takes a snapshot, which
+/// resets what it reads: read the counters first, and every gauge from one call).
+// Used by the binaries that export gauges only.
+#[allow(dead_code)]
+pub fn gauges(snapshotter: &Snapshotter) -> std::collections::HashMap<String, f64> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Gauge(v) => Some((key.key().name().to_owned(), v.into_inner())),
+            _ => None,
+        })
+        .collect()
+}

@@ -11,7 +11,6 @@ use super::super::{Barrier, Op, Outcome};
 use crate::backend::{Arg, BarrierDatabase, Cell, CellKind};
 use crate::error::ParticipantError;
 use crate::kit::local::{LocalTx, exec, fetch};
-use idem_sql::Backend;
 
 /// The row as lease mode reads it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -256,26 +255,14 @@ pub async fn upgrade_barrier_table_for_lease<DB: BarrierDatabase>(
     table: &str,
 ) -> Result<(), sqlx::Error> {
     super::super::check_table_name(table).map_err(|e| sqlx::Error::Configuration(e.into()))?;
-    let dialect = DB::pool_dialect(pool);
-    let text = match dialect {
-        Backend::Sqlite => include_str!("../../../sql/barrier_lease.sqlite.sql"),
-        Backend::Postgres => include_str!("../../../sql/barrier_lease.postgres.sql"),
-        Backend::Mysql => include_str!("../../../sql/barrier_lease.mysql.sql"),
-    };
-    let mut conn = pool.acquire().await?;
-    for statement in crate::schema::split_sql_script(text) {
-        let statement = statement.replace(super::super::DEFAULT_TABLE, table);
-        match DB::exec(&mut conn, statement, Vec::new()).await {
-            Ok(_) => {}
-            // MySQL 1060 and SQLite both say "Duplicate column name".
-            Err(sqlx::Error::Database(e))
-                if e.message()
-                    .to_ascii_lowercase()
-                    .contains("duplicate column") => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    crate::kit::run_forward_step(
+        pool,
+        include_str!("../../../sql/barrier_lease.sqlite.sql"),
+        include_str!("../../../sql/barrier_lease.postgres.sql"),
+        include_str!("../../../sql/barrier_lease.mysql.sql"),
+        |statement| statement.replace(super::super::DEFAULT_TABLE, table),
+    )
+    .await
 }
 
 #[cfg(test)]

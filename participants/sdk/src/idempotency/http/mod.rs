@@ -1,6 +1,6 @@
-//! The `Idempotency-Key` middleware for axum (seed §13, §14, §25), mode 2 of the record
-//! protocol: the claim commits `PROCESSING` with a lease before the handler runs, so the
-//! handler may call other services; its answer is stored when it returns.
+//! The `Idempotency-Key` middleware for axum (seed §13, §14, §25, §27), mode 2 of the
+//! record protocol: the claim commits `PROCESSING` with a lease before the handler runs,
+//! so the handler may call other services; its answer is stored when it returns.
 //!
 //! ```no_run
 //! # use axum::{Router, routing::post, http::Method};
@@ -27,21 +27,49 @@
 //! - The digest is [`request_digest`] over method, path, query and the JSON body minus the
 //!   rule's ignored fields (a body that is not JSON is hashed as text). Bodies over the
 //!   rule's `max_body` → 413 `request_too_large`.
-//! - First request: the handler runs; 2xx/3xx → `SUCCEEDED` with status, kept headers
-//!   (`content-type`, `location` by default) and body; 5xx → `FAILED_RETRYABLE` (the next
-//!   request runs it again under a new owner token); 4xx → `FAILED_FINAL` (or retryable,
-//!   [`RouteRule::client_errors_retryable`]).
-//! - Repeat, same digest: the stored status, headers and body, plus `Idempotency-Replayed:
-//!   true` (a `FAILED_FINAL` record replays the first failure the same way).
-//! - Same key, other digest → 409 `idempotency_key_conflict`.
-//! - `PROCESSING` with a live lease → 202 with `Retry-After` and `{"status":"processing"}`,
-//!   or, with [`RouteRule::wait`], a bounded wait for the first request's answer.
-//! - `PROCESSING` with an expired lease → the [`RecoveryHook`] decides; without one, or
-//!   when it answers `Unknown`, 503 `idempotency_outcome_unknown` with `Retry-After`.
+//! - While the handler runs, the layer renews the claim's lease every third of its length,
+//!   so a handler slower than the lease is never run a second time beside itself.
 //!
-//! Not done here: mode 1 (use [`IdempotencyStore::run_local`] inside the handler), bodies
-//! that are not UTF-8 or larger than the store's bound are answered but stored with an
-//! empty body (a warning is logged), and no per-tenant rate limit (§25) is applied.
+//! How the first run ends, what its client sees, and what a repeat (same key, same
+//! digest) then gets:
+//!
+//! | the handler | record | first client | a repeat |
+//! |---|---|---|---|
+//! | answers 1xx–3xx | `SUCCEEDED` | the answer | the same status, kept headers (`content-type`, `location` by default) and body, byte for byte, plus `Idempotency-Replayed: true` |
+//! | answers a 4xx other than 408/429 | `FAILED_FINAL` ([`RouteRule::client_errors_retryable`]: `FAILED_RETRYABLE`) | the answer | the same failure, replayed |
+//! | answers 408 or 429 | `FAILED_RETRYABLE` | the answer | runs the handler again |
+//! | answers a 5xx the route marks "nothing happened" ([`RouteRule::nothing_happened_on`], or the [`NothingHappened`] extension on the response) | `FAILED_RETRYABLE` | the answer | runs the handler again |
+//! | answers any other 5xx (a 502/504 from a provider after the charge may have gone through) | `UNKNOWN` | the answer | settled by the [`RecoveryHook`]; without one, or while it cannot tell: 503 `idempotency_outcome_unknown` with `Retry-After` |
+//! | panics | `UNKNOWN` | 500 `handler_panicked` | as above |
+//! | is dropped because its client hung up (or the server shut down) | `UNKNOWN` | — | as above |
+//! | answers a body larger than the store's bound | `UNKNOWN` (an error is logged: raise the bound) | the answer | as above: never an empty replay |
+//! | answers a body that cannot be read | `UNKNOWN` | 500 `response_unreadable` | as above |
+//!
+//! 408 and 429 are not final because both say the request was not acted on: 408 (RFC
+//! 9110 §15.5.9) that the server stopped waiting for the request itself, 429 (RFC 6585)
+//! that it was refused for rate before being processed. The next repeat is a new attempt,
+//! so the handler runs again. A handler must therefore answer 408/429 only before it acts;
+//! a timeout middleware *inside* this layer that answers 408 after dropping a running
+//! handler (tower-http's `TimeoutLayer` does by default) breaks that promise: put timeouts
+//! outside this layer, where a dropped handler is recorded `UNKNOWN`, or have them answer
+//! 503/504.
+//!
+//! "Settled by the hook": [`RecoveryHook::recover`] is asked (bounded by the store's
+//! recovery timeout). `Succeeded(r)` / `FailedFinal(r)` are recorded and `r` is answered as
+//! a replay; `NotHappened` takes the record over under a new owner token and runs the
+//! handler once more, for this repeat; `Unknown` leaves the record and answers 503
+//! `idempotency_outcome_unknown`. An expired `PROCESSING` record (its owner crashed) is
+//! settled the same way. A [`Settler`](super::Settler) settles both kinds without waiting
+//! for a repeat, and [`IdempotencyStore::unsettled`] lists them for an operator.
+//!
+//! Other repeats: same key, other digest → 409 `idempotency_key_conflict`; `PROCESSING`
+//! with a live lease → 202 with `Retry-After` and `{"status":"processing"}`, or, with
+//! [`RouteRule::wait`], a bounded wait for the first request's answer.
+//!
+//! Not done here: mode 1 (use [`IdempotencyStore::run_local`] inside the handler), and no
+//! per-tenant rate limit (§25) is applied.
+
+mod run;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,7 +85,7 @@ use serde_json::{Value, json};
 
 use super::{
     Claim, IdempotencyError, IdempotencyStore, MAX_SCOPE_LEN, RecoveryHook, Status, StoredResult,
-    Ticket, request_digest, valid_key,
+    request_digest, valid_key,
 };
 use crate::backend::BarrierDatabase;
 
@@ -67,6 +95,21 @@ pub const KEY_HEADER: &str = "idempotency-key";
 pub const REPLAYED_HEADER: &str = "idempotency-replayed";
 /// The default tenant header.
 pub const TENANT_HEADER: &str = "idem-tenant";
+
+/// A response extension by which a handler says its failure happened before it acted
+/// (the provider refused the connection, a validation against another service failed):
+/// the record becomes `FAILED_RETRYABLE` and the next repeat runs the handler again.
+/// Without it a 5xx is an unknown outcome. Ignored on a success.
+///
+/// ```
+/// # use axum::{Extension, http::StatusCode, response::IntoResponse};
+/// # use idem_participant::idempotency::http::NothingHappened;
+/// # fn f() -> impl IntoResponse {
+/// (StatusCode::SERVICE_UNAVAILABLE, Extension(NothingHappened), "the provider is down")
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NothingHappened;
 
 /// Finds the tenant of a request (after authentication: from a verified claim, not a
 /// header the caller picks, in a multi-tenant service).
@@ -81,12 +124,25 @@ pub struct RouteRule {
     max_body: usize,
     wait: Option<Duration>,
     client_errors_final: bool,
+    nothing_happened: Vec<StatusCode>,
+}
+
+/// How the layer records a run's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    Succeeded,
+    FailedFinal,
+    /// Nothing happened: the next repeat runs the handler again.
+    Retryable,
+    /// The handler may have acted: settled through the fact source, never re-run blindly.
+    Unknown,
 }
 
 impl RouteRule {
     /// A rule for the operation `operation` (the scope's second half and the metrics'
     /// `operation` label: a fixed name such as `create_order`). The key is required, bodies
-    /// up to 1 MiB, a repeat during `PROCESSING` gets 202 at once, 4xx answers are final.
+    /// up to 1 MiB, a repeat during `PROCESSING` gets 202 at once, 4xx answers are final,
+    /// every 5xx is an unknown outcome.
     pub fn new(operation: impl Into<String>) -> RouteRule {
         RouteRule {
             operation: operation.into(),
@@ -95,6 +151,7 @@ impl RouteRule {
             max_body: 1024 * 1024,
             wait: None,
             client_errors_final: true,
+            nothing_happened: Vec::new(),
         }
     }
 
@@ -130,6 +187,35 @@ impl RouteRule {
     pub fn client_errors_retryable(mut self) -> RouteRule {
         self.client_errors_final = false;
         self
+    }
+
+    /// This route's handler answers `status` (a 4xx or 5xx) only when it did nothing:
+    /// such an answer is `FAILED_RETRYABLE` and the next repeat runs the handler again
+    /// (e.g. a 503 the handler returns when its provider refused the connection). Every
+    /// other 5xx stays an unknown outcome.
+    pub fn nothing_happened_on(mut self, status: StatusCode) -> RouteRule {
+        self.nothing_happened.push(status);
+        self
+    }
+
+    /// How an answer with `status` is recorded; `marked` when the response carries
+    /// [`NothingHappened`].
+    fn ending(&self, status: StatusCode, marked: bool) -> Ending {
+        if status.as_u16() < 400 {
+            Ending::Succeeded
+        } else if marked
+            || status == StatusCode::REQUEST_TIMEOUT
+            || status == StatusCode::TOO_MANY_REQUESTS
+            || self.nothing_happened.contains(&status)
+        {
+            Ending::Retryable
+        } else if status.is_server_error() {
+            Ending::Unknown
+        } else if self.client_errors_final {
+            Ending::FailedFinal
+        } else {
+            Ending::Retryable
+        }
     }
 }
 
@@ -189,7 +275,9 @@ impl<DB: BarrierDatabase> IdempotencyLayer<DB> {
         self
     }
 
-    /// Asks `hook` about expired `PROCESSING` records.
+    /// Asks `hook` about records nobody runs and whose outcome is not recorded (expired
+    /// `PROCESSING`, `UNKNOWN`). Pass an `Arc` to share one hook with a
+    /// [`Settler`](super::Settler).
     pub fn recovery(mut self, hook: impl RecoveryHook) -> Self {
         self.hook = Some(Arc::new(hook));
         self
@@ -228,62 +316,6 @@ impl<DB: BarrierDatabase> IdempotencyLayer<DB> {
                 _ => return,
             }
         }
-    }
-
-    async fn run(&self, ticket: Ticket, rule: &RouteRule, req: Request, next: Next) -> Response {
-        let response = next.run(req).await;
-        let (parts, body) = response.into_parts();
-        let body = match axum::body::to_bytes(body, usize::MAX).await {
-            Ok(body) => body,
-            Err(e) => {
-                // The answer is lost; a retry may run the request again.
-                let _ = self.store.fail_retryable(&ticket).await;
-                return error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "response_unreadable",
-                    &e.to_string(),
-                );
-            }
-        };
-        let status = parts.status.as_u16();
-        let headers = self
-            .kept_headers
-            .iter()
-            .filter_map(|name| {
-                let value = parts.headers.get(name)?.to_str().ok()?;
-                Some((name.as_str().to_owned(), value.to_owned()))
-            })
-            .collect();
-        let text = match std::str::from_utf8(&body) {
-            Ok(text) if text.len() <= self.store.max_result_body() => text.to_owned(),
-            _ => {
-                tracing::warn!(
-                    scope = %ticket.scope,
-                    bytes = body.len(),
-                    "a response body that is not UTF-8 or over the store's bound is stored empty; replays get an empty body"
-                );
-                String::new()
-            }
-        };
-        let stored = StoredResult {
-            status,
-            headers,
-            body: text,
-            resource_id: None,
-        };
-        let written = if status >= 500 || (status >= 400 && !rule.client_errors_final) {
-            self.store.fail_retryable(&ticket).await
-        } else if status >= 400 {
-            self.store.fail_final(&ticket, stored).await
-        } else {
-            self.store.complete(&ticket, stored).await
-        };
-        if let Err(e) = written {
-            // The handler's effect happened; a recovery already answered for it (stale
-            // owner) or the write failed (the lease will expire and recovery decides).
-            tracing::warn!(scope = %ticket.scope, error = %e, "the handler's answer was not recorded");
-        }
-        Response::from_parts(parts, Body::from(body))
     }
 }
 
@@ -377,17 +409,7 @@ async fn guard<DB: BarrierDatabase>(
                     "this Idempotency-Key was used for a different request",
                 );
             }
-            Claim::Expired(_) => {
-                let mut response = error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "idempotency_outcome_unknown",
-                    "the first request's outcome is not known yet; retry later with the same key",
-                );
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return response;
-            }
+            Claim::Expired(_) => return outcome_unknown(),
             Claim::InProgress { retry_after } => match deadline {
                 Some(deadline) if Instant::now() < deadline => {
                     let until = deadline.min(Instant::now() + retry_after);
@@ -430,6 +452,20 @@ fn replay(result: StoredResult) -> Response {
     response
 }
 
+/// The answer to a repeat of a record nobody runs whose outcome is not known (no hook, or
+/// the hook could not tell): stable, so a client can tell it from any other 503.
+fn outcome_unknown() -> Response {
+    let mut response = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "idempotency_outcome_unknown",
+        "the first request's outcome is not known yet; retry later with the same key",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
 fn store_error(e: &IdempotencyError) -> Response {
     match e {
         IdempotencyError::Invalid { code, message } => {
@@ -456,4 +492,41 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response {
         axum::Json(json!({"error": code, "message": message})),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_recorded_by_what_they_say_happened() {
+        let rule = RouteRule::new("op").nothing_happened_on(StatusCode::SERVICE_UNAVAILABLE);
+        let ending =
+            |code: u16, marked: bool| rule.ending(StatusCode::from_u16(code).unwrap(), marked);
+        assert_eq!(ending(200, false), Ending::Succeeded);
+        assert_eq!(
+            ending(201, true),
+            Ending::Succeeded,
+            "a success is a success"
+        );
+        assert_eq!(ending(303, false), Ending::Succeeded);
+        assert_eq!(ending(422, false), Ending::FailedFinal);
+        assert_eq!(ending(408, false), Ending::Retryable);
+        assert_eq!(ending(429, false), Ending::Retryable);
+        assert_eq!(ending(502, false), Ending::Unknown);
+        assert_eq!(ending(504, false), Ending::Unknown);
+        assert_eq!(ending(500, false), Ending::Unknown);
+        assert_eq!(ending(500, true), Ending::Retryable);
+        assert_eq!(ending(503, false), Ending::Retryable, "the route's own set");
+        assert_eq!(ending(409, true), Ending::Retryable);
+        let lenient = RouteRule::new("op").client_errors_retryable();
+        assert_eq!(
+            lenient.ending(StatusCode::UNPROCESSABLE_ENTITY, false),
+            Ending::Retryable
+        );
+        assert_eq!(
+            lenient.ending(StatusCode::BAD_GATEWAY, false),
+            Ending::Unknown
+        );
+    }
 }
