@@ -185,3 +185,59 @@ async fn a_claim_passes_over_the_rows_its_claimer_holds() {
     }
     common::cleanup(dbs).await;
 }
+
+/// The server cuts a writer's lock wait before the coordinator's own bound does: the write
+/// fails with the server's own (curable) error rather than being abandoned mid-statement,
+/// where it could still commit later. SQLite has no server: its writer runs in-process.
+#[tokio::test]
+async fn the_server_cuts_a_writers_lock_wait_below_the_call_timeout() {
+    use sqlx::Connection;
+    let dbs = common::stores("server_cuts_lock_wait").await;
+    for (db, store) in &dbs {
+        let b = db.backend;
+        let tx = saga("s");
+        let mine = lease("driver", T0 + 30_000);
+        store.create(&tx, "h", Some(&mine)).await.unwrap();
+        let lock = "BEGIN; SELECT gid FROM idem_global WHERE gid = 's' FOR UPDATE";
+        let holder: Box<dyn std::any::Any> = match b {
+            idem_sql::Backend::Sqlite => continue,
+            idem_sql::Backend::Postgres => {
+                let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+                sqlx::raw_sql(lock).execute(&mut conn).await.unwrap();
+                Box::new(conn)
+            }
+            idem_sql::Backend::Mysql => {
+                let mut conn = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+                sqlx::raw_sql(lock).execute(&mut conn).await.unwrap();
+                Box::new(conn)
+            }
+        };
+        let (failed, _) = failed_then_succeeded(&tx);
+        let save = Save {
+            before: &tx,
+            after: &failed.tx,
+            guard: Guard::Owner("driver", 0),
+            lease: Some(&mine),
+            attempts: &[],
+        };
+        let call_timeout = ConnectOptions::default().call_timeout;
+        let started = std::time::Instant::now();
+        let error = store
+            .save(save.clone())
+            .await
+            .expect_err("the row is locked");
+        assert!(
+            !matches!(error, StoreError::TimedOut(_)),
+            "{b}: the server's cut, not the coordinator's: {error}"
+        );
+        assert!(!error.is_permanent(), "{b}: a retry can cure it: {error}");
+        assert!(
+            started.elapsed() < call_timeout,
+            "{b}: {:?}",
+            started.elapsed()
+        );
+        drop(holder);
+        assert_eq!(store.save(save).await.unwrap(), Saved::Saved, "{b}");
+    }
+    common::cleanup(dbs).await;
+}
