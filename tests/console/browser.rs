@@ -129,8 +129,19 @@ impl Browser {
         self.client.find_all(Locator::Css(css)).await.unwrap().len()
     }
 
+    /// Clicks the element, found again if the page re-rendered it between the find and
+    /// the click (a refresh replaces the list's elements: the old one is stale).
     pub async fn click(&self, css: &str) {
-        self.shown(css).await.click().await.unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match self.shown(css).await.click().await {
+                Ok(()) => return,
+                Err(fantoccini::error::CmdError::Standard(e))
+                    if e.error == fantoccini::error::ErrorStatus::StaleElementReference => {}
+                Err(e) => panic!("cannot click {css}: {e}"),
+            }
+            self.check(deadline, &format!("{css} can be clicked")).await;
+        }
     }
 
     pub async fn type_into(&self, css: &str, text: &str) {
