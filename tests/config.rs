@@ -311,6 +311,15 @@ fn idem_config_redacts_database_passwords() {
     let env = [("IDEM_DATABASE_URL", "mysql://root:s3cret@127.0.0.1/idem")];
     let out = idem(&["config"], &env);
     assert!(!String::from_utf8_lossy(&out.stdout).contains("s3cret"));
+    // A password can also come as a query parameter (libpq's `password=`).
+    let query = "postgres://idem@db.internal/idem?sslmode=disable&password=hunter3";
+    let out = idem(&["config", "--database-url", query], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("hunter3"), "{text}");
+    assert_eq!(
+        entry(&report(&out), "database_url").0,
+        "\"postgres://idem@db.internal/idem?sslmode=disable&password=***\""
+    );
 }
 
 // A command shaped like `serve`, with the kinds of options a later one may add: the

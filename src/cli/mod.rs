@@ -125,14 +125,39 @@ pub async fn run(loaded: Loaded<Cli>) -> Result<(), BoxError> {
     }
 }
 
-/// Hides a password in a database URL before printing it.
+/// Hides the secrets of a database URL before printing it: the password of its userinfo,
+/// and the value of every query parameter whose name says it is one
+/// (`?password=`, `sslpassword=`, a token or a secret).
 pub fn redact(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => url.to_owned(),
+    let Ok(mut u) = reqwest::Url::parse(url) else {
+        return url.to_owned();
+    };
+    let mut changed = false;
+    if u.password().is_some() {
+        let _ = u.set_password(Some("***"));
+        changed = true;
+    }
+    let secret = |name: &str| {
+        let name = name.to_ascii_lowercase();
+        ["password", "passwd", "pwd", "secret", "token"]
+            .iter()
+            .any(|word| name.contains(word))
+    };
+    if u.query_pairs().any(|(name, _)| secret(&name)) {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if secret(&name) { "***".into() } else { value };
+                (name.into_owned(), value.into_owned())
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+        changed = true;
+    }
+    if changed {
+        u.to_string()
+    } else {
+        url.to_owned()
     }
 }
 
@@ -144,6 +169,18 @@ mod tests {
     fn passwords_are_redacted() {
         assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact("sqlite://idem.db"), "sqlite://idem.db");
+        assert_eq!(
+            redact("postgres://u@h/db?sslmode=disable&password=secret"),
+            "postgres://u@h/db?sslmode=disable&password=***"
+        );
+        assert_eq!(
+            redact("mysql://u:a@h/db?sslPassword=b&ssl-mode=REQUIRED"),
+            "mysql://u:***@h/db?sslPassword=***&ssl-mode=REQUIRED"
+        );
+        assert_eq!(
+            redact("postgres://h/db?sslmode=disable"),
+            "postgres://h/db?sslmode=disable"
+        );
     }
 
     #[test]
