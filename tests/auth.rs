@@ -132,6 +132,34 @@ async fn only_operators_retry_and_force_stop() {
     }
 }
 
+/// A wrong secret for a token id that exists is refused no sooner than a made-up id: both
+/// wait for the refresh that an unknown id causes (at most one per `MISS_REFRESH_GAP`), so
+/// the time of a refusal does not tell which ids exist.
+#[tokio::test]
+async fn a_wrong_secret_is_refused_like_an_unknown_id() {
+    for db in testing::all("auth_refusal_time").await {
+        let name = db.name().to_owned();
+        let s = Setup::new(db, |_| {}).await;
+        let good = s.token("acme", Role::Client).await;
+        let (_, secret) = good.rsplit_once('_').unwrap();
+        let wrong = good.replace(secret, &"0".repeat(secret.len()));
+        let made_up = format!("idem_0123456789ab_{}", "f".repeat(64));
+        // A made-up id: the refresh after a miss runs now, and the next may run only
+        // a gap later.
+        let (status, _) = get(&s, "/api/v1/transactions", Some(&made_up)).await;
+        assert_eq!(status, 401, "{name}");
+        let started = std::time::Instant::now();
+        let (status, answer) = get(&s, "/api/v1/transactions", Some(&wrong)).await;
+        assert_eq!((status, code(&answer)), (401, "token_invalid"), "{name}");
+        assert!(
+            started.elapsed() >= idem::auth::cache::MISS_REFRESH_GAP / 2,
+            "{name}: the wrong secret was refused at once ({:?}), a made-up id would wait",
+            started.elapsed()
+        );
+        s.finish().await;
+    }
+}
+
 #[tokio::test]
 async fn a_revoked_token_stops_working() {
     for db in testing::all("auth_revoked").await {

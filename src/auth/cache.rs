@@ -111,11 +111,14 @@ impl TokenCache {
         })
     }
 
-    /// Who presents `bearer`, or why it is refused.
+    /// Who presents `bearer`, or why it is refused. A wrong secret for a known id takes
+    /// the same way as an unknown id (the refresh after a miss, with its wait): answered
+    /// at once, it would tell a caller which ids exist.
     pub async fn verify(&self, bearer: &str) -> Result<Principal, Refusal> {
         let presented = parse(bearer).ok_or(Refusal::Malformed)?;
-        if let Some(found) = self.lookup(presented.id, presented.secret) {
-            return found;
+        match self.lookup(presented.id, presented.secret) {
+            Some(Err(Refusal::Invalid)) | None => {}
+            Some(found) => return found,
         }
         self.refresh_after_miss().await;
         self.lookup(presented.id, presented.secret)
