@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::auth::{Setup, WAIT, call, code, get, post};
+use common::auth::{Setup, WAIT, call, code, get, post, wait_status};
 use idem::auth::Role;
 use idem::auth::tokens::issue;
 use idem_participant::testing::{self, TestDatabase};
@@ -403,6 +403,47 @@ async fn an_admin_manages_its_tenants_tokens_through_the_api() {
             post(&s, &revoke, Some(&admin), json!({})).await.0,
             404,
             "{name}: revoked twice"
+        );
+        s.finish().await;
+    }
+}
+
+/// `branch_headers` carry credentials: every view shows their names with `***` for the
+/// values (the native view, its list, DTM's query), while the participant still gets them.
+#[tokio::test]
+async fn branch_header_values_are_shown_redacted_and_still_sent() {
+    for db in testing::all("auth_branch_headers").await {
+        let name = db.name().to_owned();
+        let s = Setup::new(db, |a| a.dtm_tenant = Some("acme".into())).await;
+        let token = s.token("acme", Role::Client).await;
+        let mut saga = s.saga("with-headers", "x");
+        saga["options"] = json!({"branch_headers": {"Authorization": "Bearer s3cret"}});
+        let (status, created) = post(&s, "/api/v1/transactions", Some(&token), saga).await;
+        assert_eq!(status, 201, "{name}: {created}");
+        let done = wait_status(&s, &token, "with-headers", "succeeded").await;
+        let calls = s.recorder.calls();
+        assert!(
+            calls
+                .iter()
+                .any(|c| c.authorization.as_deref() == Some("Bearer s3cret")),
+            "{name}: the participant gets the header as given: {calls:?}"
+        );
+        let (_, list) = get(&s, "/api/v1/transactions", Some(&token)).await;
+        let (_, dtm) = get(&s, "/api/dtmsvr/query?gid=with-headers", Some(&token)).await;
+        for (view, text) in [
+            ("created", created.to_string()),
+            ("view", done.to_string()),
+            ("list", list.to_string()),
+            ("dtm", dtm.to_string()),
+        ] {
+            assert!(
+                !text.contains("s3cret"),
+                "{name}: {view} shows the value: {text}"
+            );
+        }
+        assert_eq!(
+            done["options"]["branch_headers"]["Authorization"], "***",
+            "{name}: the name stays, the value does not"
         );
         s.finish().await;
     }

@@ -38,6 +38,19 @@ pub fn redact_userinfo(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A transaction's `branch_headers` as every view shows them: the names, each value as
+/// `***`. The values are credentials more often than not (`Authorization`, API keys), and
+/// a view is read by every client of the tenant and by operators; the participants still
+/// receive them as given.
+pub fn redact_header_values(
+    headers: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    headers
+        .keys()
+        .map(|name| (name.clone(), "***".to_owned()))
+        .collect()
+}
+
 /// [`redact_userinfo`] of an optional text, owned (the views' fields).
 pub fn redacted(text: &Option<String>) -> Option<String> {
     text.as_deref().map(|t| redact_userinfo(t).into_owned())

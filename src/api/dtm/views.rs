@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::core::{Action, Branch, BranchStatus, Status};
-use crate::outbound::redact::{redact_userinfo, redacted};
+use crate::outbound::redact::{redact_header_values, redact_userinfo, redacted};
 use crate::store::StoredTx;
 use crate::timestamp::rfc3339;
 
@@ -71,7 +71,7 @@ pub(super) fn global_view(stored: &StoredTx) -> Value {
             "request_timeout": tx.options.request_timeout_ms / 1_000,
             "retry_interval": tx.options.retry_interval_ms / 1_000,
             "retry_limit": tx.options.max_attempts,
-            "branch_headers": tx.options.branch_headers,
+            "branch_headers": redact_header_values(&tx.options.branch_headers),
         })).expect("serialisable"),
         // idem's additions: retry count, last error, and why it stalled.
         "retry_count": tx.attempts,

@@ -5,7 +5,7 @@
 pub use idem_types::{BranchView, PageView, TxView};
 
 use crate::core::Transaction;
-use crate::outbound::redact::{redact_userinfo, redacted};
+use crate::outbound::redact::{redact_header_values, redact_userinfo, redacted};
 use crate::store::{AttemptRecord, Page, StoredTx};
 use crate::tenant::{client_gid, split_key};
 
@@ -40,7 +40,10 @@ pub fn tx_view(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView
         created_at: tx.created_at,
         updated_at: tx.updated_at,
         finished_at: tx.finished_at,
-        options: tx.options.clone(),
+        options: idem_types::TxOptions {
+            branch_headers: redact_header_values(&tx.options.branch_headers),
+            ..tx.options.clone()
+        },
         branches: tx
             .branches
             .iter()
