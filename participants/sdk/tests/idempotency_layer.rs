@@ -7,13 +7,15 @@
 use std::time::Duration;
 
 use idem_participant::idempotency::{Claim, IdempotencyStore, Status, request_digest};
-use idem_participant::kit::db_now_ms;
 use idem_participant::testing::{self, Backend};
 use sqlx::{AnyPool, Row};
 
 #[path = "kit_support/keys.rs"]
 mod keys;
-use keys::{Charger, SCOPE, charges, client, mode, send, serve_charger, setup, sized_body};
+use keys::{
+    Charger, SCOPE, charges, client, db_now, lease_until, mode, send, serve_charger, setup,
+    sized_body,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_that_say_nothing_happened_run_again_and_are_then_replayed() {
@@ -57,27 +59,6 @@ async fn answers_that_say_nothing_happened_run_again_and_are_then_replayed() {
         pool.close().await;
         db.drop_database().await;
     }
-}
-
-/// The database's clock, in Unix ms.
-async fn db_now(pool: &AnyPool, backend: Backend) -> i64 {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT {}",
-        db_now_ms(backend)
-    )))
-    .fetch_one(pool)
-    .await
-    .unwrap()
-    .get::<i64, _>(0)
-}
-
-async fn lease_until(pool: &AnyPool, backend: Backend, key: &str) -> i64 {
-    sqlx::query(backend.sql("SELECT lease_until_ms FROM idem_idempotency WHERE idem_key = ?"))
-        .bind(key.to_owned())
-        .fetch_one(pool)
-        .await
-        .unwrap()
-        .get::<i64, _>(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

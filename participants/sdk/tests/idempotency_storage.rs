@@ -8,14 +8,16 @@ use idem_participant::idempotency::{
     Backlog, Claim, IdempotencyStore, PROCESSING_GAUGE, PROCESSING_OLDEST_GAUGE, Recovery, Settler,
     StoredResult, UNKNOWN_GAUGE, create_idempotency_tables,
 };
-use idem_participant::kit::db_now_ms;
 use idem_participant::testing::{self, Backend, TestDatabase};
 use idem_participant::{ManualClock, SharedClock, split_sql_script};
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
 
+#[path = "kit_support/keys.rs"]
+mod keys;
 #[path = "kit_support/recorder.rs"]
 mod recorder;
+use keys::{db_now, lease_until};
 
 fn hash(n: u8) -> String {
     format!("{n:02x}").repeat(32)
@@ -25,27 +27,6 @@ async fn connect(db: &TestDatabase) -> AnyPool {
     idem_participant::connect(&db.url, 8)
         .await
         .expect("connect")
-}
-
-/// The database's clock, in Unix ms.
-async fn db_now(pool: &AnyPool, backend: Backend) -> i64 {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT {}",
-        db_now_ms(backend)
-    )))
-    .fetch_one(pool)
-    .await
-    .unwrap()
-    .get::<i64, _>(0)
-}
-
-async fn lease_until(pool: &AnyPool, backend: Backend, key: &str) -> i64 {
-    sqlx::query(backend.sql("SELECT lease_until_ms FROM idem_idempotency WHERE idem_key = ?"))
-        .bind(key.to_owned())
-        .fetch_one(pool)
-        .await
-        .unwrap()
-        .get::<i64, _>(0)
 }
 
 /// A MariaDB pool whose sessions' clock is `shift_s` seconds off the server's

@@ -242,10 +242,7 @@ where
         &self,
         until: crate::core::Millis,
         release: bool,
-    ) -> sqlx::query::Query<'static, DB, DB::Arguments>
-    where
-        for<'q> i64: Encode<'q, DB> + Type<DB>,
-    {
+    ) -> sqlx::query::Query<'static, DB, DB::Arguments> {
         if release {
             q::<DB>(&self.sql.release).bind(until)
         } else {

@@ -14,6 +14,7 @@ use idem_participant::idempotency::{
     BoxFuture, ExpiredClaim, IdempotencyStore, Recovery, RecoveryHook, Status, StoredResult,
     create_idempotency_tables,
 };
+use idem_participant::kit::db_now_ms;
 use idem_participant::testing::TestDatabase;
 use sqlx::{AnyPool, Row};
 
@@ -100,8 +101,9 @@ pub async fn send(
     }
 }
 
-fn backend_of(pool: &AnyPool) -> idem_participant::Backend {
-    idem_participant::Backend::from_url(pool.connect_options().database_url.as_ref()).unwrap()
+fn backend_of(pool: &AnyPool) -> idem_participant::testing::Backend {
+    idem_participant::testing::Backend::from_url(pool.connect_options().database_url.as_ref())
+        .unwrap()
 }
 
 /// The external effect: one `charges` row for `key`. Panics on a second charge of a key.
@@ -379,4 +381,30 @@ pub async fn hang_up(url: &str, key: &str, body: &str, charger: &Charger, parked
     stream.write_all(request.as_bytes()).await.unwrap();
     charger.parked(parked).await;
     drop(stream);
+}
+
+/// The database's clock, in Unix ms.
+pub async fn db_now(pool: &AnyPool, backend: idem_participant::testing::Backend) -> i64 {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {}",
+        db_now_ms(backend)
+    )))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+    .get::<i64, _>(0)
+}
+
+/// A record's lease expiry as stored.
+pub async fn lease_until(
+    pool: &AnyPool,
+    backend: idem_participant::testing::Backend,
+    key: &str,
+) -> i64 {
+    sqlx::query(backend.sql("SELECT lease_until_ms FROM idem_idempotency WHERE idem_key = ?"))
+        .bind(key.to_owned())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .get::<i64, _>(0)
 }
