@@ -47,7 +47,7 @@ async function route() {
       await detail(view, decodeURIComponent(path.slice(4)), who, isCurrent);
     } else if (path === "/list") {
       $("nav-list").classList.add("current");
-      await list(view, params, navigate);
+      await list(view, params, navigate, who);
     } else {
       $("nav-overview").classList.add("current");
       await overview(view);

@@ -2,7 +2,8 @@ import { get, post, txPath, consoleConfig } from "./api.js";
 import { h, $, time, badge, errorBox, table } from "./dom.js";
 import { attemptBar } from "./chart.js";
 
-const RANK = { client: 0, operator: 1, admin: 2 };
+// The roles in order: each may do what the ones before it may.
+export const RANK = { client: 0, operator: 1, admin: 2 };
 const TERMINAL = ["succeeded", "failed"];
 
 // What each action will and will not do, said before the operator confirms it.

@@ -15,35 +15,36 @@ use crate::core::TxOptions;
 /// an upgrade) resolves differently, so it is also judged as of the stored transaction:
 /// with the options it leaves out taken from that transaction's.
 pub trait CanonicalRequest: Send + Sync + std::fmt::Debug {
-    /// The request with this server's defaults, as hashed for a new transaction.
-    fn canonical(&self) -> &Value;
+    /// The hash of the request with this server's defaults, stored with a new
+    /// transaction: [`request_hash`] of its canonical form.
+    fn hash(&self) -> String;
 
-    /// The canonical forms this request had if it created a transaction whose options
-    /// are `stored`: what it states laid over `stored`. More than one where `stored`
-    /// cannot tell whether the first request stated a value or left it to a default that
-    /// was filled after the hash (a prepared transaction's timeout).
-    fn as_of(&self, stored: &TxOptions) -> Vec<Value>;
+    /// The hashes of the canonical forms this request had if it created a transaction
+    /// whose options are `stored`: what it states laid over `stored`. More than one where
+    /// `stored` cannot tell whether the first request stated a value or left it to a
+    /// default that was filled after the hash (a prepared transaction's timeout).
+    fn hashes_as_of(&self, stored: &TxOptions) -> Vec<String>;
 
     /// Whether this is the request that created a transaction stored with `stored_hash`
     /// and options `stored`: with today's defaults or as of those options, its form
     /// hashes as the stored one did.
     fn repeats(&self, stored_hash: &str, stored: &TxOptions) -> bool {
-        request_hash(self.canonical()) == stored_hash
+        self.hash() == stored_hash
             || self
-                .as_of(stored)
+                .hashes_as_of(stored)
                 .iter()
-                .any(|form| request_hash(form) == stored_hash)
+                .any(|hash| hash == stored_hash)
     }
 }
 
 /// A request whose canonical form is fixed (an embedding program's own, a test's): it takes
 /// no default, so its one form is the same as of any stored transaction.
 impl CanonicalRequest for Value {
-    fn canonical(&self) -> &Value {
-        self
+    fn hash(&self) -> String {
+        request_hash(self)
     }
 
-    fn as_of(&self, _stored: &TxOptions) -> Vec<Value> {
+    fn hashes_as_of(&self, _stored: &TxOptions) -> Vec<String> {
         Vec::new()
     }
 }

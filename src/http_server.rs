@@ -26,6 +26,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
@@ -33,6 +34,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::ConnectInfo;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -40,6 +42,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsAcceptor;
+
+/// The most a connection's buffer holds of what it reads (and so the longest request
+/// head): hyper's default, about 400 KiB, is reached by every connection a body arrives
+/// on quickly, and a few hundred connections sending bodies at once would hold a hundred
+/// megabytes in buffers alone. A head past it is answered `431` and the connection closed.
+pub const CONNECTION_BUFFER: usize = 64 << 10;
 
 /// The server's limits; defaults are those of `idem serve`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,12 +143,15 @@ async fn connection(
     _permit: OwnedSemaphorePermit,
 ) {
     let activity = Arc::new(Activity::new());
+    // Handlers and layers read the caller's address as axum's `ConnectInfo` (DTM's door
+    // without a token is open to some networks only).
+    let peer = tcp.peer_addr().ok();
     let watched = Watched {
         inner: tcp,
         activity: Arc::clone(&activity),
     };
     let Some(acceptor) = tls else {
-        return http(watched, activity, app, limits, stopping).await;
+        return http(watched, peer, activity, app, limits, stopping).await;
     };
     let handshake = tokio::time::timeout(limits.read_timeout, acceptor.accept(watched));
     let stream = tokio::select! {
@@ -158,13 +169,14 @@ async fn connection(
         // Nothing to finish yet.
         _ = stopping.changed() => return,
     };
-    http(stream, activity, app, limits, stopping).await;
+    http(stream, peer, activity, app, limits, stopping).await;
 }
 
 /// Serves HTTP/1.1 on one connection's byte stream until it ends, times out or the
 /// server stops.
 async fn http<S>(
     io: S,
+    peer: Option<SocketAddr>,
     activity: Arc<Activity>,
     app: Router,
     limits: HttpLimits,
@@ -177,10 +189,13 @@ async fn http<S>(
         let activity = Arc::clone(&activity);
         hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let (guard, deadline) = activity.request_started(limits.read_timeout);
-            let request = request.map(|body| ReadBy {
+            let mut request = request.map(|body| ReadBy {
                 body,
                 deadline: Box::pin(tokio::time::sleep_until(deadline)),
             });
+            if let Some(peer) = peer {
+                request.extensions_mut().insert(ConnectInfo(peer));
+            }
             let app = app.clone();
             async move {
                 let response = tower::ServiceExt::oneshot(app, request).await?;
@@ -195,6 +210,7 @@ async fn http<S>(
     let conn = hyper::server::conn::http1::Builder::new()
         .header_read_timeout(None)
         .keep_alive(true)
+        .max_buf_size(CONNECTION_BUFFER)
         .serve_connection(io, service);
     tokio::pin!(conn);
     let mut stop_requested = false;

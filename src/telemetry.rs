@@ -50,7 +50,7 @@ impl Otlp {
         }
         // The exporter's client is the workspace's reqwest, whose rustls needs the
         // process's provider before its first https connection.
-        crate::transport::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)

@@ -7,20 +7,13 @@
 //! called with the client's own gid; the key is the coordinator's business.
 
 /// The tenant of requests that carry no token (loopback-only or `--insecure` mode), of
-/// the DTM door's configured default, and of every row stored before tenants existed.
-pub const DEFAULT_TENANT: &str = "default";
-
-/// Longest tenant name, in bytes (ASCII).
-pub const MAX_TENANT_LEN: usize = 32;
+/// the DTM door's configured default, and of every row stored before tenants existed; and
+/// the longest tenant name. Shared with the participant SDK (`idem-types`).
+pub use idem_types::{DEFAULT_TENANT, MAX_TENANT_LEN};
 
 /// A tenant name: 1 to [`MAX_TENANT_LEN`] characters of `a-z 0-9 _ -`.
 pub fn check_tenant(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_TENANT_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-'));
-    if ok {
+    if idem_types::is_tenant_name(name) {
         Ok(())
     } else {
         Err(format!(

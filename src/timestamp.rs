@@ -3,28 +3,23 @@
 
 use crate::core::Millis;
 
-/// Milliseconds since the epoch as RFC 3339 in UTC, as Go renders a `time.Time`.
+/// Milliseconds since the epoch as RFC 3339 in UTC, as Go renders a `time.Time`. A time
+/// past the years 0000–9999 (only a clock set very wrong gives one) is shown as its number.
 pub fn rfc3339(ms: Millis) -> String {
-    let secs = ms.div_euclid(1_000);
-    let millis = ms.rem_euclid(1_000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3_600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000);
+    match at {
+        Ok(at) if (0..=9_999).contains(&at.year()) => format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+            at.year(),
+            u8::from(at.month()),
+            at.day(),
+            at.hour(),
+            at.minute(),
+            at.second(),
+            at.millisecond()
+        ),
+        _ => format!("{ms} ms since the epoch"),
+    }
 }
 
 #[cfg(test)]
@@ -38,5 +33,15 @@ mod tests {
         assert_eq!(rfc3339(1_796_006_802_500), "2026-11-30T02:46:42.500Z");
         // Before the epoch too (a clock set wrong shows as such, not as garbage).
         assert_eq!(rfc3339(-1), "1969-12-31T23:59:59.999Z");
+        // Past what a date can show: the number, never a panic or a wrapped date.
+        assert_eq!(
+            rfc3339(i64::MAX),
+            format!("{} ms since the epoch", i64::MAX)
+        );
+        assert_eq!(
+            rfc3339(i64::MIN),
+            format!("{} ms since the epoch", i64::MIN)
+        );
+        assert_eq!(rfc3339(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
     }
 }

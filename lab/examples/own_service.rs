@@ -5,7 +5,7 @@
 //! is the service's own: every account holds exactly the points of its succeeded orders.
 //!
 //! `cargo run -p idem-lab --example own_service` runs it on SQLite;
-//! `lab/tests/own_service.rs` runs the same code in CI.
+//! `lab/tests/it/own_service.rs` runs the same code in CI.
 
 use std::sync::Arc;
 

@@ -41,11 +41,11 @@ use std::time::Duration;
 
 use idem::cli::BoxError;
 use idem::server::{RunningServer, ServerConfig};
-use idem::transport::{HttpTransport, Transport};
+use idem::transport::Transport;
 use idem_client::{Client, Status, TxView};
 use serde_json::Value;
 
-use crate::faults::{Delivery, FaultPlan, FaultyTransport, ParticipantFaults, participant_faults};
+use crate::faults::{Delivery, FaultPlan, FaultyTransport, ParticipantFaults};
 
 /// One saga step: the action, its compensation and the JSON payload both receive as
 /// their body.
@@ -105,8 +105,7 @@ impl Harness {
         config.engine.defaults.max_retry_interval_ms = 200;
         config.engine.defaults.request_timeout_ms = 2_000;
         config.engine.recovery_interval = Duration::from_millis(50);
-        let real: Arc<dyn Transport> =
-            Arc::new(HttpTransport::with_answer_limit(config.max_answer_bytes)?);
+        let real: Arc<dyn Transport> = Arc::new(config.transport()?);
         let transport = Arc::new(FaultyTransport::new(real, Arc::clone(&plan)));
         let server = idem::server::start_with(config, transport, Vec::new()).await?;
         let client = Client::new(&server.url())?;
@@ -130,10 +129,7 @@ impl Harness {
 
     /// `router` with the plan's participant-side rules in front of it.
     pub fn wrap(&self, router: axum::Router) -> axum::Router {
-        router.layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&self.faults),
-            participant_faults,
-        ))
+        self.faults.layer(router)
     }
 
     /// Serves `router`, wrapped, on a loopback port.

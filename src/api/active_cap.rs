@@ -42,7 +42,7 @@ impl ActiveCap {
         let count = match cached {
             Some((at, count)) if at.elapsed() < RECOUNT_EVERY => count,
             _ => {
-                let count = engine.count_unfinished(tenant).await?;
+                let count = engine.reads().count_unfinished(tenant).await?;
                 self.counts
                     .lock()
                     .expect("cap lock")

@@ -3,17 +3,20 @@
 //! [`Principal`] on the request; handlers take it as a [`Caller`] and check its role before
 //! they reach the engine. A refused request touches nothing.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
+use super::same_origin;
 use crate::auth::cache::{Refusal, TokenCache};
 use crate::auth::{AuthConfig, AuthMode, Principal, Role};
+use crate::core::Access;
 use crate::tenant::scoped_key;
 
 /// The authentication layer's settings and its token cache (`None` without tokens).
@@ -33,10 +36,10 @@ impl Auth {
         }
     }
 
-    /// No tokens: every caller is [`Principal::anonymous`].
-    pub fn off() -> Arc<Auth> {
+    /// No tokens (`config.mode` is `None`): every caller is [`Principal::anonymous`].
+    pub fn without_tokens(config: AuthConfig) -> Arc<Auth> {
         Arc::new(Auth {
-            config: AuthConfig::default(),
+            config,
             cache: None,
         })
     }
@@ -73,12 +76,14 @@ pub async fn authenticate(
         (AuthMode::Tokens, Some(cache)) => match gate(&auth.config, request.uri().path()) {
             Gate::Open => None,
             Gate::Token(role) => {
-                match principal_of(&auth.config, cache, request.headers(), request.uri().path())
-                    .await
-                {
+                let principal = match tokenless(&auth.config, &request) {
+                    Some(door) => door,
+                    None => principal_of(cache, request.headers()).await,
+                };
+                match principal {
                     Ok(p) if p.role >= role => Some(p),
                     Ok(p) => return forbidden(&p, "this route").into_response(),
-                    Err(refusal) => return unauthorized(refusal),
+                    Err(refusal) => return refusal.into_response(),
                 }
             }
         },
@@ -93,31 +98,61 @@ pub async fn authenticate(
     next.run(request).await
 }
 
-async fn principal_of(
-    config: &AuthConfig,
-    cache: &TokenCache,
-    headers: &HeaderMap,
-    path: &str,
-) -> Result<Principal, Refusal> {
-    let Some(value) = headers.get(header::AUTHORIZATION) else {
-        // DTM's clients send no token: its door can be given a tenant instead.
-        return match &config.dtm_tenant {
-            Some(tenant) if path.starts_with("/api/dtmsvr/") => Ok(Principal {
-                tenant: tenant.clone(),
-                role: Role::Client,
-                token_id: None,
-            }),
-            _ => Err(Refusal::Missing),
-        };
-    };
+/// Why a request was refused before its handler.
+enum Refused {
+    Token(Refusal),
+    Browser(same_origin::Refusal),
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Refused::Token(refusal) => unauthorized(refusal),
+            Refused::Browser(refusal) => refusal.into_response(),
+        }
+    }
+}
+
+/// DTM's clients send no token: its door can take them as a client of `--dtm-tenant`,
+/// from the networks `--dtm-tokenless-from` lists (others need a token like everyone)
+/// and with one of idem's own `Host` names (nothing else vouches for the caller, so a
+/// page loaded through DNS rebinding must not pass). `None`: not such a request.
+fn tokenless(config: &AuthConfig, request: &Request) -> Option<Result<Principal, Refused>> {
+    let tenant = config.dtm_tenant.as_ref()?;
+    if request.headers().contains_key(header::AUTHORIZATION)
+        || !request.uri().path().starts_with("/api/dtmsvr/")
+    {
+        return None;
+    }
+    // No peer address (a router served by something else) takes nobody in.
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip());
+    if !peer.is_some_and(|ip| config.takes_tokenless_from(ip)) {
+        return Some(Err(Refused::Token(Refusal::Missing)));
+    }
+    let host = same_origin::check_host(&config.allowed_hosts, request.headers(), request.uri());
+    Some(host.map_err(Refused::Browser).map(|()| Principal {
+        tenant: tenant.clone(),
+        role: Role::Client,
+        token_id: None,
+        tokenless: true,
+    }))
+}
+
+async fn principal_of(cache: &TokenCache, headers: &HeaderMap) -> Result<Principal, Refused> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or(Refused::Token(Refusal::Missing))?;
     let bearer = value
         .to_str()
         .ok()
         .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or(Refusal::Malformed)?
+        .ok_or(Refused::Token(Refusal::Malformed))?
         .trim()
         .to_owned();
-    cache.verify(&bearer).await
+    cache.verify(&bearer).await.map_err(Refused::Token)
 }
 
 fn unauthorized(refusal: Refusal) -> Response {
@@ -154,6 +189,15 @@ impl Caller {
 
     pub fn tenant(&self) -> &str {
         &self.0.tenant
+    }
+
+    /// Which of its tenant's transactions the caller may read and change.
+    pub fn access(&self) -> Access {
+        if self.0.tokenless {
+            Access::Tokenless
+        } else {
+            Access::Tenant
+        }
     }
 
     /// The storage key of the caller's `gid`.

@@ -96,6 +96,13 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// A failed read or write outside the engine (the token table), answered as the engine's.
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        ApiError::from_store(&e)
+    }
+}
+
 impl ApiError {
     fn from_store(store: &StoreError) -> ApiError {
         let mut e = if store.is_permanent() {

@@ -1,4 +1,15 @@
 //! HTTP front doors to the engine: idem's own API and (in `dtm`) DTM's.
+//!
+//! Handlers write only through the engine and read only through its read handle
+//! (`engine::Reads`); tokens go through `auth::TokenAdmin`. A request meets, in order:
+//! `same_origin` (what a web page could send is refused first), `auth` (the caller's token,
+//! verified from memory, and its tenant), `rate_limit` and `in_flight` (the per-tenant rate,
+//! the caps on requests and body bytes in flight), then its handler, which checks it with
+//! `validate` before the engine sees it. Beside them: `active_cap` (unfinished transactions
+//! per tenant), `identity` (a create's canonical form and hash), `error` (stable codes,
+//! database errors as generic 503/500), `openapi` (the served description) and
+//! `http_metrics`. Here: the router, the health endpoints and the log of database errors
+//! with their route.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,17 +22,20 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, READY_TIMEOUT};
 
 pub mod active_cap;
 pub mod auth;
+pub mod console;
 pub mod dtm;
 pub mod error;
 mod http_metrics;
 pub mod identity;
+pub mod in_flight;
 pub mod native;
 pub mod openapi;
 pub mod rate_limit;
+pub mod same_origin;
 pub mod validate;
 
 /// What every handler can reach.
@@ -36,21 +50,30 @@ pub struct AppState {
     pub rate_limit: Option<Arc<rate_limit::TenantRateLimit>>,
     /// Who may call, and the token cache.
     pub auth: Arc<auth::Auth>,
+    /// The token table, for `/api/v1/tokens`.
+    pub tokens: crate::auth::TokenAdmin,
     /// The cap on a tenant's unfinished transactions.
     pub active_cap: active_cap::ActiveCap,
+    /// The caps on requests in flight and the body bytes they hold.
+    pub in_flight: Arc<in_flight::InFlight>,
     /// Where participant calls may go: every URL a request names is checked against its
     /// tenant's entry before anything is stored.
     pub outbound_policy: Arc<crate::outbound::OutboundPolicy>,
     /// What the console's `config.json` tells it.
-    pub console: crate::console::ConsoleConfig,
+    pub console: console::ConsoleConfig,
 }
 
 impl AppState {
+    /// The handle every read of the doors goes through.
+    pub fn reads(&self) -> &crate::engine::Reads {
+        self.engine.reads()
+    }
+
     /// Refuses a create past the tenant's cap, unless `key` exists already (a repeat of
     /// a create gets what is stored, as it would below the cap).
     pub async fn admit_create(&self, tenant: &str, key: &str) -> Result<(), error::ApiError> {
         match self.active_cap.admit(&self.engine, tenant).await {
-            Err(refused) if self.engine.find(key).await?.is_none() => Err(refused),
+            Err(refused) if self.reads().find(key).await?.is_none() => Err(refused),
             _ => Ok(()),
         }
     }
@@ -69,14 +92,19 @@ impl AppState {
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY: usize = 1 << 20;
 
-/// How long `/health/ready` waits for the database's answer.
-pub const READY_TIMEOUT: Duration = Duration::from_millis(1_500);
-
-/// The API. The rate limit covers the transaction routes of both doors, not the probes,
-/// `/metrics` or the OpenAPI document (see `rate_limit`); an authentication layer that puts
-/// the `Principal` on a request must wrap it (a layer added here, after it).
+/// The API. The caps on requests in flight and the rate limit cover the transaction routes
+/// of both doors, not the probes, `/metrics` or the OpenAPI document (see `in_flight`,
+/// `rate_limit`); an authentication layer that puts the `Principal` on a request must wrap
+/// them (a layer added here, after them). The rate limit is outside the caps: a request it
+/// refuses never takes a place in flight.
 pub fn router(state: Arc<AppState>) -> Router {
-    let (mut native, mut dtm) = (native::routes(), dtm::routes());
+    let in_flight = Arc::clone(&state.in_flight);
+    let mut native = native::routes().route_layer(middleware::from_fn_with_state(
+        Arc::clone(&in_flight),
+        in_flight::native,
+    ));
+    let mut dtm =
+        dtm::routes().route_layer(middleware::from_fn_with_state(in_flight, in_flight::dtm));
     if let Some(limit) = &state.rate_limit {
         let native_limit = middleware::from_fn_with_state(Arc::clone(limit), rate_limit::native);
         native = native.route_layer(native_limit);
@@ -93,7 +121,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .merge(native::document_routes())
         .merge(dtm::probe_routes())
-        .merge(crate::console::routes())
+        .merge(console::routes())
         .merge(native)
         .merge(dtm)
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -101,6 +129,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state.auth),
             auth::authenticate,
+        ))
+        // Outside authentication: what a web page sent is refused before a token is
+        // looked at.
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state.auth),
+            same_origin::guard,
         ))
         .layer(middleware::from_fn(log_server_errors))
         .layer(middleware::from_fn(http_metrics::count_requests))
@@ -119,13 +153,13 @@ async fn live() -> Json<serde_json::Value> {
 
 /// The database answers within [`READY_TIMEOUT`]: this coordinator can serve requests.
 async fn ready(State(app): State<Arc<AppState>>) -> (StatusCode, Json<serde_json::Value>) {
-    let engine = &app.engine;
-    match engine.ping_database(READY_TIMEOUT).await {
+    let (engine, reads) = (&app.engine, app.reads());
+    match reads.ping_database(READY_TIMEOUT).await {
         Ok(()) => (
             StatusCode::OK,
             Json(json!({
                 "status": "ok",
-                "database": engine.database(),
+                "database": reads.database(),
                 "driving": engine.driving(),
             })),
         ),
@@ -136,7 +170,7 @@ async fn ready(State(app): State<Arc<AppState>>) -> (StatusCode, Json<serde_json
                 StatusCode::SERVICE_UNAVAILABLE,
                 Json(json!({
                     "status": "unavailable",
-                    "database": engine.database(),
+                    "database": reads.database(),
                     "error": {"code": "unavailable", "message": message},
                 })),
             )

@@ -13,7 +13,7 @@ use axum::response::IntoResponse;
 use serde_json::{Value, json};
 use utoipa::OpenApi;
 
-use super::validate::{MAX_URL_LEN, OPTIONS, id_pattern};
+use super::validate::{MAX_URL_LEN, OPTIONS, OptionLimits, id_pattern};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -37,7 +37,9 @@ const DATABASE: [(u16, &[&str]); 2] = [(503, &["unavailable", "contention"]), (5
 /// document's can answer, with a `Retry-After`.
 const RATE: [(u16, &[&str]); 1] = [(429, &["rate_limited"])];
 
-/// What every operation but the description itself can answer when tokens are required.
+/// What every operation but the description itself can answer: when tokens are required,
+/// and from the checks against web pages (`same_origin`: another origin, a `Host` that is
+/// not idem's).
 const AUTH: [(u16, &[&str]); 2] = [
     (
         401,
@@ -48,8 +50,13 @@ const AUTH: [(u16, &[&str]); 2] = [
             "token_revoked",
         ],
     ),
-    (403, &["forbidden"]),
+    (
+        403,
+        &["forbidden", "origin_not_allowed", "host_not_allowed"],
+    ),
 ];
+/// What every write (POST) can answer: a body that is not declared JSON.
+const WRITE: [(u16, &[&str]); 1] = [(415, &["unsupported_media_type"])];
 
 /// Per operation id: each error status it can answer and the codes under it.
 pub const ERRORS: &[(&str, Statuses)] = &[
@@ -71,6 +78,7 @@ pub const ERRORS: &[(&str, Statuses)] = &[
                     "invalid_text",
                     "invalid_header",
                     "invalid_options",
+                    "option_limit",
                     "invalid_request",
                     "too_many_branches",
                     "payload_too_large",
@@ -85,6 +93,13 @@ pub const ERRORS: &[(&str, Statuses)] = &[
     ),
     ("list", &[(400, &["invalid_query"])]),
     ("show", &[(400, &["invalid_gid"]), (404, &["not_found"])]),
+    (
+        "attempts",
+        &[
+            (400, &["invalid_gid", "invalid_query"]),
+            (404, &["not_found"]),
+        ],
+    ),
     (
         "register",
         &[
@@ -122,6 +137,23 @@ pub const ERRORS: &[(&str, Statuses)] = &[
     ("abort", OPERATE),
     ("retry", OPERATE),
     ("force_stop", OPERATE),
+    (
+        "bulk",
+        &[(
+            400,
+            &[
+                "invalid_json",
+                "invalid_body",
+                "invalid_operation",
+                "invalid_status",
+                "invalid_kind",
+                "invalid_limit",
+                "invalid_older_than",
+                "too_long",
+                "invalid_text",
+            ],
+        )],
+    ),
     (
         "issue_token",
         &[(
@@ -231,7 +263,10 @@ pub async fn serve() -> impl IntoResponse {
 pub fn all_codes() -> Vec<&'static str> {
     let mut codes: Vec<&str> = ERRORS
         .iter()
-        .flat_map(|(_, statuses)| statuses.iter().chain(&DATABASE).chain(&RATE).chain(&AUTH))
+        .flat_map(|(_, statuses)| {
+            let common = DATABASE.iter().chain(&RATE).chain(&AUTH).chain(&WRITE);
+            statuses.iter().chain(common)
+        })
         .flat_map(|(_, codes)| codes.iter().copied())
         .chain(BODY)
         .collect();
@@ -246,10 +281,10 @@ fn add_errors(spec: &mut Value) {
     let Some(paths) = spec["paths"].as_object_mut() else {
         return;
     };
-    for operation in paths
+    for (method, operation) in paths
         .values_mut()
         .filter_map(Value::as_object_mut)
-        .flat_map(|item| item.values_mut())
+        .flat_map(|item| item.iter_mut())
     {
         let id = operation["operationId"]
             .as_str()
@@ -262,7 +297,9 @@ fn add_errors(spec: &mut Value) {
         if ["submit", "abort", "retry", "force_stop"].contains(&id.as_str()) {
             operation["requestBody"]["required"] = json!(false);
         }
-        for (status, codes) in statuses.iter().chain(&DATABASE).chain(&RATE).chain(&AUTH) {
+        let write = if method == "post" { &WRITE[..] } else { &[] };
+        let common = DATABASE.iter().chain(&RATE).chain(&AUTH).chain(write);
+        for (status, codes) in statuses.iter().chain(common) {
             let list = codes
                 .iter()
                 .map(|c| format!("`{c}`"))
@@ -341,12 +378,23 @@ fn add_id_and_url_rules(spec: &mut Value) {
     }
 }
 
+/// The table's ranges; an option the operator may bound more tightly says so, with the
+/// default bound (the served document is the same for every server's settings).
 fn add_option_ranges(spec: &mut Value) {
     let properties = &mut spec["components"]["schemas"]["OptionsRequest"]["properties"];
+    let defaults = OptionLimits::default();
     for option in OPTIONS {
         let property = &mut properties[option.name];
         property["minimum"] = json!(option.min);
         property["maximum"] = json!(option.max);
+        if let Some(limit) = &option.limit {
+            let side = if limit.is_minimum { "least" } else { "most" };
+            property["description"] = json!(format!(
+                "The server allows at {side} its `{}` (default {}); past it `400 option_limit`.",
+                limit.flag,
+                (limit.of)(&defaults)
+            ));
+        }
     }
 }
 
@@ -399,6 +447,15 @@ mod tests {
         }
         let max = &spec["components"]["schemas"]["OptionsRequest"]["properties"]["max_attempts"];
         assert_eq!(max["maximum"], json!(10_000), "{max}");
+        // The server's own, tighter bound is named, with its default.
+        let text = max["description"].as_str().unwrap_or_default();
+        assert!(
+            text.contains("--max-attempts-limit") && text.contains("100"),
+            "{max}"
+        );
+        let attempts = &spec["paths"]["/api/v1/transactions/{gid}/attempts"]["get"];
+        assert_eq!(attempts["operationId"], "attempts", "{attempts}");
+        assert!(attempts["responses"]["404"].is_object(), "{attempts}");
     }
 
     #[test]
@@ -416,7 +473,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(gid_params, 6, "every operation on one transaction");
+        assert_eq!(gid_params, 7, "every operation on one transaction");
         let schemas = &spec["components"]["schemas"];
         assert_eq!(
             schemas["CreateRequest"]["properties"]["gid"]["pattern"],

@@ -116,9 +116,22 @@ impl<C: Clock + Clone> TenantRateLimit<C> {
 
 /// Which door's error body a refusal takes.
 #[derive(Clone, Copy)]
-enum Door {
+pub(super) enum Door {
     Native,
     Dtm,
+}
+
+/// A refusal of a request that was not read, in `door`'s error body, with `Retry-After`
+/// in whole seconds.
+pub(super) fn refusal(door: Door, error: ApiError, retry_after: u64) -> Response {
+    let mut response = match door {
+        Door::Native => error.into_response(),
+        Door::Dtm => DtmError::from(error).into_response(),
+    };
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+    response
 }
 
 /// The middleware of the native door's transaction routes.
@@ -155,14 +168,7 @@ async fn check<C: Clock + Clone>(
     };
     metrics::counter!("idem_rate_limited_total").increment(1);
     let (error, seconds) = limit.refusal(tenant, wait);
-    let mut response = match door {
-        Door::Native => error.into_response(),
-        Door::Dtm => DtmError::from(error).into_response(),
-    };
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    response
+    refusal(door, error, seconds)
 }
 
 #[cfg(test)]
@@ -275,6 +281,7 @@ mod tests {
                     tenant,
                     role: Role::Client,
                     token_id: Some("t1".into()),
+                    tokenless: false,
                 });
             }
             next.run(request).await

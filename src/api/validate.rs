@@ -9,11 +9,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
-use serde_json::Value;
-
 use super::error::ApiError;
 use crate::core::Millis;
 use crate::engine::EngineError;
@@ -21,7 +16,7 @@ pub use crate::store::DEFAULT_MAX_BRANCHES;
 use crate::store::StoreError;
 
 /// Gids and branch ids (`VARCHAR(128)`).
-pub const MAX_ID_LEN: usize = 128;
+pub use idem_types::MAX_ID_LEN;
 /// Participant URLs. Browsers and proxies commonly stop near 8 KiB; half leaves room for
 /// the query string idem appends.
 pub const MAX_URL_LEN: usize = 4_096;
@@ -171,13 +166,16 @@ pub fn branch_urls(branches: &[crate::core::Branch]) -> impl Iterator<Item = (St
 }
 
 /// The per-transaction bounds an operator sets (`--max-branches`,
-/// `--max-branch-payload-bytes`), which both doors apply the same way.
+/// `--max-branch-payload-bytes`, `--max-attempts-limit`, `--min-retry-interval-ms`), which
+/// both doors apply the same way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Steps of a saga or msg, or branches of a TCC transaction.
     pub max_branches: usize,
     /// Bytes of one branch's payload as stored (and sent).
     pub max_payload_bytes: usize,
+    /// What the options a request states may ask for.
+    pub options: OptionLimits,
 }
 
 impl Default for Limits {
@@ -185,6 +183,7 @@ impl Default for Limits {
         Limits {
             max_branches: DEFAULT_MAX_BRANCHES,
             max_payload_bytes: DEFAULT_MAX_BRANCH_PAYLOAD_BYTES,
+            options: OptionLimits::default(),
         }
     }
 }
@@ -298,38 +297,6 @@ pub fn registration_error(e: EngineError) -> ApiError {
 
 // ---- bodies, orders, cursors -----------------------------------------------------------
 
-/// Parses a JSON body into `T`, turning every way it can be wrong into a 4xx.
-pub fn parse_body<T: serde::de::DeserializeOwned>(
-    body: Result<Bytes, BytesRejection>,
-    empty_is: Option<&str>,
-) -> Result<(T, Value), ApiError> {
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(e.status(), "payload_too_large", e.body_text())
-        } else {
-            ApiError::bad_request("invalid_body", e.body_text())
-        }
-    })?;
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        match empty_is {
-            Some(default) => default.as_bytes(),
-            None => {
-                return Err(ApiError::bad_request(
-                    "invalid_json",
-                    "the request body is empty",
-                ));
-            }
-        }
-    } else {
-        &bytes
-    };
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("the body is not JSON: {e}")))?;
-    let typed = T::deserialize(&value)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid request: {e}")))?;
-    Ok((typed, value))
-}
-
 /// Saga step dependencies: `{"2": [0, 1]}` means step 2 waits for steps 0 and 1. Indexes
 /// must name steps, and the graph must have no cycle (it would never run).
 pub fn parse_orders(
@@ -379,18 +346,33 @@ pub fn parse_orders(
 /// A list cursor (`<created_at>:<gid>`), which both doors hand out. The gid is checked
 /// like any other, since it reaches the database.
 pub fn decode_cursor(field: &str, cursor: &str) -> Result<(Millis, String), ApiError> {
+    decode_cursor_with(field, cursor, |gid| check_id("gid", "invalid_query", gid))
+}
+
+/// A list cursor whose part after the time `check` accepts: the doors' cursors end in
+/// the caller's gid, `idem tx --database-url`'s (which lists every tenant's rows) in a
+/// storage key, `tenant/gid`.
+pub fn decode_cursor_with(
+    field: &str,
+    cursor: &str,
+    check: impl Fn(&str) -> Result<(), ApiError>,
+) -> Result<(Millis, String), ApiError> {
     let bad = || {
         ApiError::bad_request(
             "invalid_query",
             format!("{field} {} is not one this server gave", shown(cursor)),
         )
     };
-    let (at, gid) = cursor.split_once(':').ok_or_else(bad)?;
-    check_id("gid", "invalid_query", gid).map_err(|_| bad())?;
-    Ok((at.parse().map_err(|_| bad())?, gid.to_owned()))
+    let (at, key) = cursor.split_once(':').ok_or_else(bad)?;
+    check(key).map_err(|_| bad())?;
+    Ok((at.parse().map_err(|_| bad())?, key.to_owned()))
 }
 
+mod body;
 mod options;
+#[cfg(test)]
+pub(crate) use body::tests as body_tests;
+pub use body::{Capped, parse_body, parse_body_capped};
 pub use options::*;
 
 #[cfg(test)]

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
+use super::admin::{TokenAdmin, TokenRecord};
 use super::tokens::{parse, secret_matches};
 use super::{Principal, Role};
-use crate::store::{Store, StoreError, TokenRecord};
+use crate::store::StoreError;
 
 /// Shortest time between two refreshes caused by an unknown token id.
 pub const MISS_REFRESH_GAP: Duration = Duration::from_secs(1);
@@ -57,7 +58,7 @@ struct Entry {
 }
 
 pub struct TokenCache {
-    store: Arc<dyn Store>,
+    tokens: TokenAdmin,
     entries: RwLock<HashMap<String, Entry>>,
     /// Serialises refreshes.
     refreshing: Mutex<()>,
@@ -67,9 +68,9 @@ pub struct TokenCache {
 
 impl TokenCache {
     /// A cache loaded with every token now.
-    pub async fn load(store: Arc<dyn Store>) -> Result<Arc<TokenCache>, StoreError> {
+    pub async fn load(tokens: TokenAdmin) -> Result<Arc<TokenCache>, StoreError> {
         let cache = Arc::new(TokenCache {
-            store,
+            tokens,
             entries: RwLock::new(HashMap::new()),
             refreshing: Mutex::new(()),
             last_miss: Mutex::new(None),
@@ -85,7 +86,7 @@ impl TokenCache {
     }
 
     async fn reload(&self) -> Result<(), StoreError> {
-        let rows = self.store.tokens().await?;
+        let rows = self.tokens.list().await?;
         let entries = rows
             .into_iter()
             .map(|row| (row.id.clone(), entry(row)))
@@ -174,6 +175,7 @@ fn entry(row: TokenRecord) -> Entry {
         tenant: row.tenant.clone(),
         role,
         token_id: Some(row.id.clone()),
+        tokenless: false,
     });
     Entry {
         secret_hash: row.secret_hash,

@@ -55,8 +55,11 @@ pub struct Principal {
     pub tenant: String,
     pub role: Role,
     /// The public id of the token that authenticated the request; `None` when
-    /// authentication is off.
+    /// authentication is off, or through DTM's door without a token.
     pub token_id: Option<String>,
+    /// Through DTM's door without a token (`--dtm-tenant`): it may read and change only
+    /// the transactions created that way, never those of the tenant's token holders.
+    pub tokenless: bool,
 }
 
 impl Principal {
@@ -66,14 +69,23 @@ impl Principal {
             tenant: DEFAULT_TENANT.to_owned(),
             role: Role::Admin,
             token_id: None,
+            tokenless: false,
         }
     }
 }
 
+pub mod admin;
+pub mod allowed_host;
 pub mod cache;
 pub mod tokens;
 
+use std::net::IpAddr;
 use std::time::Duration;
+
+use ipnet::IpNet;
+
+pub use admin::TokenAdmin;
+pub use allowed_host::AllowedHost;
 
 /// Whether requests must carry a token.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -91,6 +103,11 @@ pub struct AuthConfig {
     pub mode: AuthMode,
     /// DTM's door without a token acts as a client of this tenant (DTM clients send none).
     pub dtm_tenant: Option<String>,
+    /// The networks whose callers DTM's door takes without a token; others need one.
+    pub dtm_tokenless_from: Vec<IpNet>,
+    /// Names of this coordinator besides IP addresses and `localhost`, for the `Host` and
+    /// `Origin` checks (see `api::same_origin`).
+    pub allowed_hosts: Vec<AllowedHost>,
     /// `/metrics` needs an operator's token.
     pub protect_metrics: bool,
     /// `/health` and `/health/ready` need an operator's token (`/health/live` never does).
@@ -104,9 +121,33 @@ impl Default for AuthConfig {
         AuthConfig {
             mode: AuthMode::None,
             dtm_tenant: None,
+            dtm_tokenless_from: loopback(),
+            allowed_hosts: Vec::new(),
             protect_metrics: false,
             protect_readiness: false,
             refresh: Duration::from_secs(5),
         }
+    }
+}
+
+/// The default of [`AuthConfig::dtm_tokenless_from`]: this host only.
+pub fn loopback() -> Vec<IpNet> {
+    DEFAULT_TOKENLESS_FROM
+        .iter()
+        .map(|n| n.parse().expect("a valid network"))
+        .collect()
+}
+
+/// `--dtm-tokenless-from`'s default, as the flag spells it.
+pub const DEFAULT_TOKENLESS_FROM: [&str; 2] = ["127.0.0.0/8", "::1/128"];
+
+impl AuthConfig {
+    /// Whether DTM's door takes a request without a token from `peer` (an IPv4 caller
+    /// of a dual-stack listener arrives as an IPv4-mapped IPv6 address).
+    pub fn takes_tokenless_from(&self, peer: IpAddr) -> bool {
+        let peer = peer.to_canonical();
+        self.dtm_tokenless_from
+            .iter()
+            .any(|net| net.contains(&peer))
     }
 }

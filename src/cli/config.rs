@@ -302,8 +302,8 @@ const SECRET_WORDS: &[&str] = &[
 ];
 
 /// Settings whose names hold one of those words but whose values are not secret: the
-/// authentication mode and how often tokens are reread.
-const NOT_SECRET: &[&str] = &["auth", "token_refresh_ms"];
+/// authentication mode, how often tokens are reread, and where no token is needed.
+const NOT_SECRET: &[&str] = &["auth", "token_refresh_ms", "dtm_tokenless_from"];
 
 /// Whether an argument's value is a secret by its name.
 pub fn is_secret(id: &str) -> bool {

@@ -2,17 +2,22 @@
 //!
 //! `serve` runs the coordinator, `config` prints the settings it would run with; `tx` is
 //! the operator's tool, which talks to a running coordinator over its HTTP API (or, asked
-//! explicitly, to the database). The test tools (replay, chaos, bench) are in the lab
-//! crate's `idem-lab` binary.
+//! explicitly, to the database). `migrate` applies the schema, `backup` copies an SQLite
+//! database while it is in use; `token` issues and revokes
+//! API tokens and `signing` makes signing keys, both on their own (no coordinator);
+//! `logging` sets up the log once the configuration is read. The test tools (replay,
+//! chaos, bench) are in the lab crate's `idem-lab` binary.
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::server;
 use crate::store::ConnectOptions;
 
+pub mod backup;
 pub mod config;
 pub mod logging;
 pub mod serve;
+pub mod signing;
 pub mod token;
 pub mod tx;
 
@@ -21,13 +26,17 @@ pub use logging::{LogArgs, LogFormat, init_logging, report_fatal};
 pub use serve::ServeArgs;
 pub use tx::{TargetArgs, TxCommand};
 
+/// What `idem --version` prints after the name: the version and the commit it was built
+/// from (`build.rs`).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("IDEM_COMMIT"), ")");
+
 /// The SQLite file used when no database is named: in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db?mode=rwc";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "idem",
-    version,
+    version = VERSION,
     about = "A TCC/Saga branch-transaction coordinator"
 )]
 pub struct Cli {
@@ -66,6 +75,9 @@ pub enum Command {
     Config(ServeArgs),
     /// Apply the database migrations and exit.
     Migrate(MigrateArgs),
+    /// Copy the SQLite database to a new file while coordinators run (PostgreSQL and
+    /// MariaDB: their own dump tools, see docs/operations.md).
+    Backup(backup::BackupArgs),
     /// Inspect and operate on transactions, through a running coordinator's API (or, with
     /// --database-url, on its database).
     #[command(subcommand)]
@@ -73,6 +85,9 @@ pub enum Command {
     /// Issue, list and revoke API tokens (`idem serve --auth tokens`), on the database.
     #[command(subcommand)]
     Token(token::TokenCommand),
+    /// Make signing keys for branch calls, and the key file participants verify with.
+    #[command(subcommand)]
+    Signing(signing::SigningCommand),
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -120,8 +135,10 @@ pub async fn run(loaded: Loaded<Cli>) -> Result<(), BoxError> {
             println!("migrated {}", redact(&db.database_url));
             Ok(())
         }
+        Command::Backup(args) => backup::run(args).await,
         Command::Tx(cmd) => tx::run(cmd).await,
         Command::Token(cmd) => token::run(cmd).await,
+        Command::Signing(cmd) => signing::run(cmd),
     }
 }
 

@@ -1,4 +1,8 @@
 //! `idem serve`: the coordinator.
+//!
+//! Its flags become a [`crate::server::ServerConfig`], after the checks that refuse
+//! settings that contradict each other; `run_with` is how `idem-lab serve` starts the same
+//! coordinator with its faults.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,7 +17,7 @@ use super::{BoxError, DatabaseArgs, LogArgs, redact};
 use crate::server::{self, RunningServer, ServerConfig};
 
 /// Every option is also an environment variable `IDEM_<NAME>` and a key `<name>` of the
-/// `--config` file (see [`super::config`]); `tests/config.rs` holds new ones to that.
+/// `--config` file (see [`super::config`]); `tests/it/config.rs` holds new ones to that.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// A TOML file of settings: keys are these options in snake_case (`lease_ms = 5000`).
@@ -49,6 +53,24 @@ pub struct ServeArgs {
     /// lease renewals grow with the work under way, not with the work in flight.
     #[arg(long, env = "IDEM_MAX_DRIVING", default_value_t = 2_048)]
     pub max_driving: usize,
+    /// The share, in per cent, of `--max-concurrent-calls` and of `--max-driving` one
+    /// tenant may hold: a tenant whose participants hang keeps the others from the rest
+    /// no longer. 100: one tenant may take them all. With `--auth none` there is one
+    /// tenant, which gets them all.
+    #[arg(long, env = "IDEM_TENANT_SHARE_PERCENT", default_value_t = crate::engine::DEFAULT_TENANT_SHARE_PERCENT,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub tenant_share_percent: u8,
+    /// Calls one transaction may make by itself (every branch call but a Try) before it
+    /// stalls, whatever its options: counted from its creation or an operator's last
+    /// retry, which gives it a new budget.
+    #[arg(long, env = "IDEM_MAX_CALLS_PER_TRANSACTION", default_value_t = crate::engine::DEFAULT_MAX_CALLS_PER_TRANSACTION,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_calls_per_transaction: u64,
+    /// Records of calls that did not simply succeed kept per transaction, the newest; the
+    /// older ones are deleted as new ones come, and counted.
+    #[arg(long, env = "IDEM_MAX_HISTORY_PER_TRANSACTION", default_value_t = crate::engine::DEFAULT_MAX_HISTORY_PER_TRANSACTION,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_history_per_transaction: u32,
     /// Default timeout of one call to a participant, in ms.
     #[arg(long, env = "IDEM_REQUEST_TIMEOUT_MS", default_value_t = 5_000)]
     pub request_timeout_ms: u64,
@@ -61,6 +83,16 @@ pub struct ServeArgs {
     /// Default attempts per branch operation before it stalls (or a saga compensates).
     #[arg(long, env = "IDEM_MAX_ATTEMPTS", default_value_t = 12)]
     pub max_attempts: u32,
+    /// The most attempts per branch operation a request may ask for (`max_attempts`,
+    /// DTM's `retry_limit`); past it 400 option_limit.
+    #[arg(long, env = "IDEM_MAX_ATTEMPTS_LIMIT", default_value_t = crate::api::validate::DEFAULT_MAX_ATTEMPTS_LIMIT,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_attempts_limit: u32,
+    /// The shortest first retry delay a request may ask for, in ms (`retry_interval_ms`,
+    /// DTM's `retry_interval`); shorter is 400 option_limit.
+    #[arg(long, env = "IDEM_MIN_RETRY_INTERVAL_MS", default_value_t = crate::api::validate::DEFAULT_MIN_RETRY_INTERVAL_MS,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub min_retry_interval_ms: u64,
     /// Default longest time one branch operation may keep answering "in progress" (425
     /// or DTM's ONGOING), in ms; past it the call counts as failed for good (a saga
     /// compensates, a Confirm or Cancel stalls).
@@ -150,6 +182,16 @@ pub struct ServeArgs {
     /// 0: one second's worth.
     #[arg(long, env = "IDEM_RATE_LIMIT_BURST", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub rate_limit_burst: u32,
+    /// API requests being answered at once, at most (both doors' transaction routes; not
+    /// health, metrics or the OpenAPI document): a request counts from its arrival until
+    /// its answer; past it 503 overloaded with Retry-After, nothing read.
+    #[arg(long, env = "IDEM_MAX_REQUESTS_IN_FLIGHT", default_value_t = crate::api::in_flight::DEFAULT_MAX_REQUESTS, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_requests_in_flight: u32,
+    /// Bytes of request bodies those requests may hold at once, each counted by its
+    /// Content-Length (1 MiB when it gives none), at least 1 MiB (one full body); past it
+    /// 503 overloaded with Retry-After.
+    #[arg(long, env = "IDEM_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = crate::api::in_flight::DEFAULT_MAX_BODY_BYTES, value_parser = clap::value_parser!(u64).range(1 << 20..=1 << 40))]
+    pub max_body_bytes_in_flight: u64,
     /// Export spans over OTLP/HTTP (protobuf) to this collector, e.g.
     /// `http://127.0.0.1:4318` (its `/v1/traces`); none: nothing is exported.
     #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
@@ -174,10 +216,12 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_RETENTION_BATCH", default_value_t = crate::retention::DEFAULT_RETENTION_BATCH,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub retention_batch: u32,
-    /// Sign every branch call (an `Idem-Signature` header, HMAC-SHA256; see the README's
-    /// "Signed calls") with the first key of this file: `kid:secret` lines, newest first;
-    /// participants verify with every key listed. Neither this nor `--signing-secret`:
-    /// calls go unsigned.
+    /// Sign every branch call (an `Idem-Signature` header, v2; see docs/signing.md) with the
+    /// keys of this file: `kid:secret` (HMAC-SHA256) or `kid:ed25519:<hex seed>` lines,
+    /// newest first, and `[tenant NAME]` sections for a tenant's own keys; a tenant's calls
+    /// are signed with the first key of its section, else of the default list. Reread on
+    /// SIGHUP and every `--signing-reload-interval-ms`.
+    /// Neither this nor `--signing-secret`: calls go unsigned.
     #[arg(
         long,
         env = "IDEM_SIGNING_SECRET_FILE",
@@ -185,8 +229,8 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub signing_secret_file: Option<PathBuf>,
-    /// The signing keys themselves, `kid:secret[,kid:secret…]` (the first signs), instead
-    /// of `--signing-secret-file`.
+    /// The signing keys themselves, as in `--signing-secret-file` (`kid:secret[,…]`, the
+    /// first signs), instead of the file; read once.
     #[arg(
         long,
         env = "IDEM_SIGNING_SECRET",
@@ -194,6 +238,20 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub signing_secret: Option<String>,
+    /// Also sign every call with v1 (HMAC keys only), beside v2, for participants that
+    /// predate v2 and check v1 alone; v1 binds neither the host, the tenant nor the call,
+    /// so turn it off once every participant checks v2.
+    #[arg(long, env = "IDEM_SIGNING_LEGACY_V1", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub signing_legacy_v1: bool,
+    /// How often `--signing-secret-file` is reread, in ms (it is on SIGHUP too); calls
+    /// from then on are signed with what was read, and a file that cannot be used is
+    /// logged and the keys in use stay. 0: on SIGHUP only.
+    #[arg(
+        long,
+        env = "IDEM_SIGNING_RELOAD_INTERVAL_MS",
+        default_value_t = 60_000
+    )]
+    pub signing_reload_interval_ms: u64,
     /// `tokens`: every API request needs `Authorization: Bearer <token>` (issued with
     /// `idem token issue`), scoped to the token's tenant and role. `none`: every caller is
     /// the default tenant's admin, so idem refuses to listen beyond loopback unless
@@ -208,6 +266,27 @@ pub struct ServeArgs {
     /// a client of this tenant, so DTM's own clients, which send none, keep working.
     #[arg(long, env = "IDEM_DTM_TENANT", value_parser = parse_tenant)]
     pub dtm_tenant: Option<String>,
+    /// With `--dtm-tenant`: the networks whose callers DTM's door takes without a token
+    /// (comma-separated CIDRs); a caller from elsewhere needs a token (401 token_missing).
+    /// Such a caller reads and changes only the transactions created without a token,
+    /// never those of the tenant's token holders. A warning is logged at start when the
+    /// API listens beyond loopback.
+    #[arg(long, env = "IDEM_DTM_TOKENLESS_FROM", value_name = "CIDR,...", value_delimiter = ',',
+          default_values_t = crate::auth::loopback())]
+    pub dtm_tokenless_from: Vec<ipnet::IpNet>,
+    /// This coordinator's names besides IP addresses and localhost (comma-separated
+    /// `name` or `name:port`): the `Host` a proxy passes on, the origin browsers show. A
+    /// request's `Origin`, when present, must be the one it was sent to or one of these
+    /// (a name without a port: 80 or 443); with `--auth none`, and through DTM's door
+    /// without a token, its `Host` must be an IP address, localhost or one of these
+    /// (against DNS rebinding). 403 host_not_allowed or origin_not_allowed otherwise.
+    #[arg(
+        long,
+        env = "IDEM_ALLOWED_HOSTS",
+        value_name = "NAME[:PORT],...",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<crate::auth::AllowedHost>,
     /// With `--auth tokens`: `/metrics` needs an operator's or admin's token.
     #[arg(long, env = "IDEM_PROTECT_METRICS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub protect_metrics: bool,
@@ -225,9 +304,11 @@ pub struct ServeArgs {
     pub max_active_per_tenant: u64,
     /// Where participant calls may go, per tenant: a TOML file with a `[default]` table
     /// and `[tenants.<name>]` tables of `schemes`, `hosts`, `host_suffixes`, `cidrs` and
-    /// `ports` (docs/security.md). URLs are checked when registered (400
+    /// `ports` (docs/outbound-policy.md). URLs are checked when registered (400
     /// url_not_allowed) and the addresses they resolve to when called. None: every
-    /// http(s) URL but link-local and cloud metadata addresses.
+    /// http(s) URL to a public address; with `--auth none` on loopback (a developer's
+    /// machine), this host's and private addresses too. Never: idem's own listeners, nor
+    /// link-local, NAT64 and cloud metadata addresses unless an entry lists them.
     #[arg(long, env = "IDEM_OUTBOUND_POLICY", value_name = "PATH")]
     pub outbound_policy: Option<PathBuf>,
     /// Serve the API over HTTPS with this certificate (PEM: the server's certificate, then
@@ -260,7 +341,7 @@ pub struct ServeArgs {
         long,
         env = "IDEM_CONSOLE_TRACE_URL",
         value_name = "PATTERN",
-        value_parser = crate::console::check_trace_url,
+        value_parser = crate::api::console::check_trace_url,
         hide_env_values = true
     )]
     pub console_trace_url: Option<String>,
@@ -270,7 +351,34 @@ impl ServeArgs {
     /// Refuses settings that contradict each other; `idem serve` checks them before it
     /// starts (exit status 2, as for a bad flag).
     pub fn check(&self) -> Result<(), String> {
-        crate::retention::check_window(self.retention_ms, self.client_retry_period_ms)
+        crate::retention::check_window(self.retention_ms, self.client_retry_period_ms)?;
+        // The server's own defaults are held to the limits it sets its clients.
+        if self.max_attempts > self.max_attempts_limit {
+            return Err(format!(
+                "--max-attempts (max_attempts) is {}, above --max-attempts-limit \
+                 (max_attempts_limit), {}: the default would be more than any request may ask",
+                self.max_attempts, self.max_attempts_limit
+            ));
+        }
+        // A round calls at most every branch at once; a budget below it would stall such a
+        // transaction before its first call, after every retry too.
+        if self.max_calls_per_transaction < u64::from(self.max_branches) {
+            return Err(format!(
+                "--max-calls-per-transaction (max_calls_per_transaction) is {}, below \
+                 --max-branches (max_branches), {}: a transaction's first round could call \
+                 more than its whole budget and never be sent",
+                self.max_calls_per_transaction, self.max_branches
+            ));
+        }
+        if self.retry_interval_ms < self.min_retry_interval_ms {
+            return Err(format!(
+                "--retry-interval-ms (retry_interval_ms) is {} ms, below \
+                 --min-retry-interval-ms (min_retry_interval_ms), {} ms: the default would be \
+                 less than any request may ask",
+                self.retry_interval_ms, self.min_retry_interval_ms
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -280,7 +388,11 @@ fn parse_tenant(name: &str) -> Result<String, String> {
 
 /// Runs `idem serve`: the coordinator the flags describe, until SIGTERM or Ctrl-C.
 pub async fn run(args: ServeArgs) -> Result<(), BoxError> {
-    run_with(args, |config| async move { server::start(config).await }).await
+    run_with(
+        args,
+        |config| async move { Ok(server::start(config).await?) },
+    )
+    .await
 }
 
 /// Runs the coordinator that `start` makes from the configuration the flags describe,
@@ -304,11 +416,29 @@ where
     Ok(())
 }
 
+/// Why the flags describe no server (the API's certificate files are read later, when the
+/// server starts: `server::StartError`).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Settings that contradict each other (see [`ServeArgs::check`]).
+    #[error("{0}")]
+    Flags(String),
+    /// The signing keys are unreadable, invalid, or given twice.
+    #[error("{0}")]
+    Signing(String),
+    /// The outbound policy file is unreadable or invalid.
+    #[error("{0}")]
+    OutboundPolicy(String),
+    /// Half a TLS pair, or an unusable outbound CA bundle or client certificate.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+}
+
 /// The server configuration the flags describe; fails on an unreadable or invalid
 /// signing key, outbound policy, outbound CA bundle or client certificate, or on half a
-/// TLS pair (the API's certificate files are read when the server starts).
-pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
-    args.check()?;
+/// TLS pair.
+pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, ConfigError> {
+    args.check().map_err(ConfigError::Flags)?;
     let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
     config.engine.node_is_unique = args.node.is_some();
     config.engine.node = args
@@ -319,6 +449,13 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
     config.engine.recovery_interval = Duration::from_millis(args.recovery_interval_ms.max(10));
     config.engine.max_concurrent_calls = args.max_concurrent_calls.max(1);
     config.engine.max_driving = args.max_driving.max(1);
+    config.engine.tenant_share_percent = args.tenant_share_percent;
+    config.engine.max_calls_per_transaction = args.max_calls_per_transaction;
+    config.engine.max_history_per_transaction = args.max_history_per_transaction;
+    config.option_limits = crate::api::validate::OptionLimits {
+        max_attempts: args.max_attempts_limit,
+        min_retry_interval_ms: args.min_retry_interval_ms,
+    };
     config.engine.defaults.request_timeout_ms = args.request_timeout_ms;
     config.engine.defaults.retry_interval_ms = args.retry_interval_ms;
     config.engine.defaults.max_retry_interval_ms = args.max_retry_interval_ms;
@@ -344,18 +481,28 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
         per_second: args.rate_limit_per_second,
         burst: args.rate_limit_burst,
     };
+    config.in_flight = crate::api::in_flight::InFlightConfig {
+        max_requests: args.max_requests_in_flight,
+        max_body_bytes: args.max_body_bytes_in_flight,
+    };
     config.retention = crate::retention::RetentionConfig::from_flags(
         args.retention_ms,
         args.retention_interval_ms,
         args.retention_batch,
     );
-    config.signing_key = crate::signing::signing_key(
-        args.signing_secret_file.as_deref(),
-        args.signing_secret.as_deref(),
-    )?;
+    config.signing = crate::signing::Signer::from_options(&crate::signing::SigningOptions {
+        file: args.signing_secret_file.clone(),
+        inline: args.signing_secret.clone(),
+        legacy_v1: args.signing_legacy_v1,
+        reload_interval: (args.signing_reload_interval_ms > 0)
+            .then(|| Duration::from_millis(args.signing_reload_interval_ms)),
+    })
+    .map_err(ConfigError::Signing)?;
     config.auth = crate::auth::AuthConfig {
         mode: args.auth,
         dtm_tenant: args.dtm_tenant.clone(),
+        dtm_tokenless_from: args.dtm_tokenless_from.clone(),
+        allowed_hosts: args.allowed_hosts.clone(),
         protect_metrics: args.protect_metrics,
         protect_readiness: args.protect_readiness,
         refresh: Duration::from_millis(args.token_refresh_ms),
@@ -364,7 +511,9 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, BoxError> {
     config.max_active_per_tenant = args.max_active_per_tenant;
     config.console.trace_url = args.console_trace_url.clone();
     if let Some(path) = &args.outbound_policy {
-        config.outbound_policy = Arc::new(crate::outbound::OutboundPolicy::load(path)?);
+        let policy =
+            crate::outbound::OutboundPolicy::load(path).map_err(ConfigError::OutboundPolicy)?;
+        config.outbound_policy = Arc::new(policy);
     }
     let pair = crate::tls::both(
         ("--tls-cert", args.tls_cert.as_deref()),

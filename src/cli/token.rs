@@ -9,9 +9,8 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use super::{BoxError, DatabaseArgs, redact};
-use crate::auth::Role;
-use crate::auth::tokens::issue;
-use crate::store::{self, ConnectOptions, Store};
+use crate::auth::{Role, TokenAdmin};
+use crate::store::{self, ConnectOptions};
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
@@ -52,14 +51,14 @@ pub struct ListArgs {
     json: bool,
 }
 
-async fn open(db: &DatabaseArgs) -> Result<std::sync::Arc<dyn Store>, BoxError> {
+async fn open(db: &DatabaseArgs) -> Result<TokenAdmin, BoxError> {
     let store = store::connect_existing(&db.database_url, &ConnectOptions::default())
         .await
         .map_err(|e| format!("cannot open {}: {e}", redact(&db.database_url)))?;
     // The token table arrives with a migration: a database of an older idem gets it here,
     // as `idem serve` would give it.
     store.migrate().await?;
-    Ok(store)
+    Ok(TokenAdmin::new(store))
 }
 
 pub async fn run(command: TokenCommand) -> Result<(), BoxError> {
@@ -71,9 +70,9 @@ pub async fn run(command: TokenCommand) -> Result<(), BoxError> {
             label,
             json,
         } => {
-            let store = open(&db).await?;
-            let now = store.db_now().await?;
-            let issued = issue(store.as_ref(), &tenant, role, &label, now).await?;
+            let tokens = open(&db).await?;
+            let now = tokens.now().await?;
+            let issued = tokens.issue(&tenant, role, &label, now).await?;
             if json {
                 println!(
                     "{}",
@@ -86,8 +85,7 @@ pub async fn run(command: TokenCommand) -> Result<(), BoxError> {
             Ok(())
         }
         TokenCommand::List(ListArgs { db, json }) => {
-            let store = open(&db).await?;
-            let tokens = store.tokens().await?;
+            let tokens = open(&db).await?.list().await?;
             if !json {
                 println!(
                     "{:<12}  {:<32}  {:<8}  {:<24}  {:<24}  LABEL",
@@ -117,9 +115,9 @@ pub async fn run(command: TokenCommand) -> Result<(), BoxError> {
             Ok(())
         }
         TokenCommand::Revoke { db, id } => {
-            let store = open(&db).await?;
-            let now = store.db_now().await?;
-            if store.revoke_token(&id, now).await? {
+            let tokens = open(&db).await?;
+            let now = tokens.now().await?;
+            if tokens.revoke(&id, now).await? {
                 println!("revoked {id}");
                 Ok(())
             } else {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
+use super::save::{Change, OnError, is_decision, lease_of};
 use super::*;
 use crate::transport::CallResult;
 
@@ -74,22 +75,18 @@ impl Engine {
         let mut last_calls_ended = None;
         loop {
             if t.persist {
-                let decision = is_decision(&current, &t.tx);
-                if decision {
-                    self.observer.point(Point::BeforeDecisionStored, &gid);
-                }
-                let now = self.clock.now();
-                let next_lease = self.lease_for(&t, now, &lease.token);
-                let save = Save {
-                    before: &current,
+                let keep = self.config.max_history_per_transaction;
+                super::history::number(&current, &mut t.tx, &mut attempts, keep);
+                let change = Change {
+                    stored: &stored,
                     after: &t.tx,
-                    guard: Guard::Owner(&lease.token, stored.version),
-                    lease: next_lease.as_ref(),
+                    owner: Some(&lease.token),
                     attempts: &attempts,
                 };
-                match self.save_with_retries(save).await {
-                    Ok(true) => {}
-                    Ok(false) => match self.still_ours(&gid, &lease).await {
+                let next_lease = || self.lease_for(&t, self.clock.now(), &lease.token);
+                match self.save_state(change, next_lease, OnError::Retry).await {
+                    Ok(Some(fresh)) => stored = fresh,
+                    Ok(None) => match self.still_ours(&gid, &lease).await {
                         // A request changed the row and left it ours (a branch registered,
                         // a Try's answer recorded): go on from what is stored.
                         Some((fresh, next)) => {
@@ -111,7 +108,7 @@ impl Engine {
                     Err(e) if e.is_permanent() => {
                         // Resuming would send this round's calls again, forever.
                         let reason = format!("cannot store progress: {e}");
-                        self.stall(&current, &mut stored, &lease, reason).await;
+                        self.stall(&mut stored, &lease, reason).await;
                         return;
                     }
                     Err(e) => {
@@ -120,20 +117,12 @@ impl Engine {
                     }
                 }
                 attempts.clear();
-                stored.tx = t.tx.clone();
-                stored.version += 1;
-                stored.owner_token = next_lease.as_ref().map(|l| l.token.clone());
-                stored.lease_until = next_lease.as_ref().map(|l| l.until);
-                self.recent.put(stored.clone());
-                self.observe_status(&current, &t.tx);
-                if decision {
-                    self.observer.point(Point::AfterDecisionStored, &gid);
-                } else if after_round {
+                if after_round && !is_decision(&current, &t.tx) {
                     self.observer.point(Point::AfterRoundStored, &gid);
                 }
                 after_round = false;
                 current = t.tx.clone();
-                match next_lease {
+                match lease_of(&stored) {
                     Some(l) => lease = l,
                     None => return,
                 }
@@ -185,14 +174,16 @@ impl Engine {
         let waiting = std::time::Instant::now();
         let (slots, lease) = self.call_slots(gid, lease, current, calls.len()).await?;
         let calling = std::time::Instant::now();
-        crate::metrics::round_phase("slots", calling - waiting);
+        self.observer
+            .round_phase(RoundPhase::Slots, calling - waiting);
         if let Some(ended) = last_calls_ended.take() {
-            crate::metrics::round_phase("gap", calling - ended);
+            self.observer.round_phase(RoundPhase::Gap, calling - ended);
         }
-        let answers = self.round(current, calls, slots.num_permits()).await;
+        let answers = self.round(current, calls, slots.count()).await;
         drop(slots);
         let ended = std::time::Instant::now();
-        crate::metrics::round_phase("calls", ended - calling);
+        self.observer
+            .round_phase(RoundPhase::Calls, ended - calling);
         *last_calls_ended = Some(ended);
         self.observer.point(Point::AfterCallsBeforeRecord, gid);
         let mut events = Vec::with_capacity(answers.len());
@@ -200,6 +191,8 @@ impl Engine {
             if result.outcome != core::CallOutcome::Success {
                 let attempt = current.branch(&key).map_or(1, |b| b.attempts + 1);
                 attempts.push(AttemptRecord {
+                    // Given when the round is saved: see `history::number`.
+                    number: 0,
                     branch_id: key.branch_id.clone(),
                     action: key.action,
                     attempt,
@@ -219,7 +212,7 @@ impl Engine {
             Err(e) => {
                 // A bug, not a condition: recovery would meet it again and again.
                 let reason = format!("the answers of a round do not fit the state: {e}");
-                self.stall(current, stored, &lease, reason).await;
+                self.stall(stored, &lease, reason).await;
                 None
             }
         }
@@ -258,38 +251,24 @@ impl Engine {
     /// Stalls a transaction this driver owns, with the reason, after a failure that
     /// recovery would only repeat. The write holds the global row alone, so it succeeds
     /// where the round's write did not, unless the database is gone altogether.
-    pub(super) async fn stall(
-        &self,
-        current: &Transaction,
-        stored: &mut StoredTx,
-        lease: &Lease,
-        reason: String,
-    ) {
-        let gid = current.gid.as_str();
+    pub(super) async fn stall(&self, stored: &mut StoredTx, lease: &Lease, reason: String) {
+        let gid = stored.tx.gid.clone();
         // The stall is logged once stored, by the observers (`EventLog`), as every stall is.
         let event = Event::Stall {
             reason: reason.clone(),
         };
-        let Ok(t) = core::apply(current, &event, self.ctx()) else {
+        let Ok(t) = core::apply(&stored.tx, &event, self.ctx()) else {
             return;
         };
-        let save = Save {
-            before: current,
+        let change = Change {
+            stored,
             after: &t.tx,
-            guard: Guard::Owner(&lease.token, stored.version),
-            lease: None,
+            owner: Some(&lease.token),
             attempts: &[],
         };
-        match self.save_with_retries(save).await {
-            Ok(true) => {
-                stored.tx = t.tx.clone();
-                stored.version += 1;
-                stored.owner_token = None;
-                stored.lease_until = None;
-                self.recent.put(stored.clone());
-                self.observe_status(current, &t.tx);
-            }
-            Ok(false) => self.observer.fenced(gid),
+        match self.save_state(change, || None, OnError::Retry).await {
+            Ok(Some(fresh)) => *stored = fresh,
+            Ok(None) => self.observer.fenced(&gid),
             Err(e) => {
                 tracing::error!(gid, reason, error = %e, "cannot store the stall either; leaving it to recovery")
             }
@@ -343,41 +322,6 @@ impl Engine {
         }
     }
 
-    /// Stores a state, retrying transient database errors for as long as they last: the
-    /// driver holds answers nobody else has, and giving up would leave recovery to send
-    /// those calls again. Its own recovery loop leaves the transaction alone meanwhile
-    /// (it skips what this process drives); another coordinator may take it once the
-    /// lease lapses, and then the save is lost, as it must be. Ok(false): the row is not
-    /// ours. Gives up only when the process stops, or on an error no retry can cure.
-    pub(super) async fn save_with_retries(&self, save: Save<'_>) -> Result<bool, StoreError> {
-        let gid = save.after.gid.as_str();
-        let mut delay = Duration::from_millis(50);
-        let mut failed = false;
-        loop {
-            let error = match self.store.save(save.clone()).await {
-                Ok(Saved::Saved) => return Ok(true),
-                // A retry after an error whose commit did land looks like a lost race:
-                // ask the stored row whether it is exactly what we wrote.
-                Ok(Saved::Lost) if failed => match self.store.load(gid).await {
-                    Ok(stored) => return Ok(stored.is_some_and(|s| is_our_save(&s, &save))),
-                    Err(e) => e,
-                },
-                Ok(Saved::Lost) => return Ok(false),
-                Err(e) => e,
-            };
-            if error.is_permanent() || self.stopping.is_cancelled() {
-                return Err(error);
-            }
-            tracing::warn!(gid, error = %error, "store write failed; retrying");
-            failed = true;
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = self.stopping.cancelled() => return Err(error),
-            }
-            delay = (delay * 2).min(SAVE_RETRY_CAP);
-        }
-    }
-
     /// After a save of this driver's was lost: the row as stored, and the transition from
     /// it, if the lease is still this driver's (a request moved its version without
     /// taking it over). `None`: someone else owns it now, or it cannot be read.
@@ -392,27 +336,27 @@ impl Engine {
     }
 
     /// Waits for the call slots of a round (at most `max_concurrent_calls` in flight over
-    /// all transactions), renewing the lease while queued so that under overload no other
-    /// driver, this node's recovery loop included, takes the transaction over; then makes
-    /// the lease cover the whole round. `None`: the lease is lost, or the process stops
-    /// (the lease is handed back).
+    /// all transactions, and the tenant's share of them), renewing the lease while queued
+    /// so that under overload no other driver, this node's recovery loop included, takes
+    /// the transaction over; then makes the lease cover the whole round. `None`: the lease
+    /// is lost, or the process stops (the lease is handed back).
     pub(super) async fn call_slots(
         &self,
         gid: &str,
         mut lease: Lease,
         tx: &Transaction,
         calls: usize,
-    ) -> Option<(tokio::sync::SemaphorePermit<'_>, Lease)> {
-        let width = calls.clamp(1, self.config.max_concurrent_calls.max(1));
+    ) -> Option<(Slot, Lease)> {
+        let width = calls.clamp(1, self.calls.per_tenant());
         let waves = calls.div_ceil(width) as Millis;
         let round_time = waves * self.longest_call(tx);
         let tick = Duration::from_millis((self.config.lease_ms / 3).max(1) as u64);
-        let acquire = self.calls.acquire_many(width as u32);
+        let acquire = self.calls.acquire(tenant_of(gid), width);
         tokio::pin!(acquire);
         let slots = loop {
             lease = self.cover(gid, &lease, round_time).await?;
             tokio::select! {
-                slots = &mut acquire => break slots.expect("the call semaphore is never closed"),
+                slots = &mut acquire => break slots,
                 _ = tokio::time::sleep(tick) => {}
                 _ = self.stopping.cancelled() => {
                     self.release(gid, &lease.token).await;
@@ -483,15 +427,14 @@ impl Engine {
     /// The transaction's `branch_headers`, plus a User-Agent naming this node unless the
     /// transaction sets its own: a participant's logs then say which coordinator called.
     /// The trace context comes from the transaction's own, never from `branch_headers`;
-    /// so does `Idem-Tenant`, set for a tenant other than the default: a participant that
-    /// several tenants call can keep their gids apart in its barrier.
+    /// so does `Idem-Tenant`, set always (the default tenant included): a participant that
+    /// several tenants call keeps their gids apart in its barrier, and a signature covers
+    /// it (the transport sets it again from the request's tenant, over anything else).
     fn call_headers(&self, tx: &Transaction) -> std::collections::BTreeMap<String, String> {
         let mut headers = tx.options.branch_headers.clone();
         headers.retain(|name, _| !name.eq_ignore_ascii_case(TENANT_HEADER));
         let (tenant, _) = crate::tenant::split_key(&tx.gid);
-        if tenant != crate::tenant::DEFAULT_TENANT {
-            headers.insert(TENANT_HEADER.into(), tenant.to_owned());
-        }
+        headers.insert(TENANT_HEADER.into(), tenant.to_owned());
         if tx.trace.is_some() {
             headers.retain(|name, _| {
                 !name.eq_ignore_ascii_case("traceparent")
@@ -529,24 +472,5 @@ impl Engine {
     }
 }
 
-/// The longest pause between two tries of a save the database failed.
-const SAVE_RETRY_CAP: Duration = Duration::from_secs(2);
-
-/// Whether the stored row is exactly what `save` wrote: its state, its owner, and the
-/// version right after the one it expected.
-fn is_our_save(stored: &StoredTx, save: &Save<'_>) -> bool {
-    let expected = match save.guard {
-        Guard::Owner(_, version) | Guard::Version(version) => version,
-    };
-    stored.owner_token.as_deref() == save.lease.map(|l| l.token.as_str())
-        && stored.version == expected + 1
-        && stored.tx == *save.after
-}
-
 /// The header naming a call's tenant.
-pub const TENANT_HEADER: &str = "idem-tenant";
-
-/// A move into a phase whose calls must not go out before it is stored.
-pub(super) fn is_decision(before: &Transaction, after: &Transaction) -> bool {
-    before.status != after.status && matches!(after.status, Status::Committing | Status::Aborting)
-}
+pub const TENANT_HEADER: &str = idem_signing::TENANT_HEADER;

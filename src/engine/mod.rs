@@ -12,39 +12,62 @@
 //! to the core at once, store the new state (one database transaction), repeat. A round's
 //! answers are stored before the calls they make due are sent; that is what lets recovery
 //! tell which saga steps may have reached a participant.
+//!
+//! Here: the engine, its settings and admission (at most `max_driving` transactions
+//! driven at once, a tenant at most its share). Beside it: `drive` (the driver loop: each
+//! transition stored, then its round of calls, wait or end; leases, stalls), `requests`
+//! (client and operator operations), `save` (the one way a new state is stored, with what
+//! surrounds the write), `reads` (the handle every read goes through), `views` (how the
+//! native door shows what it reads), `recovery` (the recovery loop and the graceful stop),
+//! `waiting` (`wait_result`, recent states), `slots` (call and driver slots shared fairly
+//! between tenants), `history` (a save's bounded call history), `clock` (time on the
+//! database's clock), `identity` (owner tokens) and `observe` (the [`Observer`] hooks
+//! metrics, logs and the lab hang off).
 
+mod bulk;
 mod clock;
 mod drive;
+mod history;
 mod identity;
 mod observe;
 mod reads;
 mod recovery;
 mod requests;
+mod save;
+mod slots;
+pub mod views;
 mod waiting;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::canonical::{CanonicalRequest, request_hash};
+use crate::canonical::CanonicalRequest;
 use crate::core::{
-    self, Action, Branch, BranchKey, CoreError, Ctx, Event, Kind, Millis, Next, SagaStep, Status,
-    TraceContext, Transaction, Transition, TxOptions,
+    self, Access, Action, Branch, BranchKey, CoreError, Ctx, Event, Kind, Millis, Next, SagaStep,
+    Status, TraceContext, Transaction, Transition, TxOptions,
 };
-use crate::store::{
-    AttemptRecord, Claimed, Created, Guard, Lease, Registered, Save, Saved, Store, StoreError,
-    StoredTx,
-};
+use crate::store::{Claimed, Created, Guard, Lease, Registered, Save, Saved, Store, StoreError};
 use crate::transport::{CallRequest, Transport};
 
+pub use bulk::{BulkOperation, BulkOutcome, BulkReport, BulkRequest, MAX_BULK};
 pub use clock::{Clock, SyncedClock, SystemClock};
-use drive::is_decision;
-pub use observe::{Creation, EventLog, NoObserver, Observer, Observers, OperatorAction, Point};
+pub use observe::{
+    Creation, EventLog, NoObserver, Observer, Observers, OperatorAction, Point, RoundPhase,
+};
+pub use reads::{
+    AttemptRecord, CoordinatorSeen, ListFilter, Overview, Page, Reads, StatusSummary, StoredTx,
+};
+use slots::{Slot, Slots};
 use waiting::Recent;
+
+/// How long a readiness check (`/health/ready`, the `idem_ready` gauge) waits for the
+/// database's answer ([`Engine::ping_database`]).
+pub const READY_TIMEOUT: Duration = Duration::from_millis(1_500);
 
 /// Engine settings; the server's defaults for transaction options are among them.
 #[derive(Clone, Debug)]
@@ -74,6 +97,17 @@ pub struct EngineConfig {
     /// loop claims them in order as drivers finish: memory and lease writes are bounded by
     /// the work under way, not by the work in flight.
     pub max_driving: usize,
+    /// The share, in per cent, of `max_concurrent_calls` and of `max_driving` that one
+    /// tenant may hold: a tenant whose participants hang holds at most this much, and the
+    /// others keep the rest (see `slots`). 100: no share, one tenant may take all.
+    pub tenant_share_percent: u8,
+    /// The call budget: calls one transaction may make by itself (every call but a Try)
+    /// before it stalls, counted from its creation or the operator's last retry. Checked
+    /// before each round, whatever the transaction's own options say.
+    pub max_calls_per_transaction: u64,
+    /// Records of calls that did not simply succeed kept per transaction: the newest;
+    /// older ones are deleted with the save that passes the bound, and counted.
+    pub max_history_per_transaction: u32,
     /// Whether this process drives transactions. An operator's command-line tool does
     /// not: its retry or force-stop releases the transaction to the servers instead.
     pub drive: bool,
@@ -92,10 +126,31 @@ impl Default for EngineConfig {
             prepared_timeout_ms: 60_000,
             max_concurrent_calls: 1_024,
             max_driving: 2_048,
+            tenant_share_percent: DEFAULT_TENANT_SHARE_PERCENT,
+            max_calls_per_transaction: DEFAULT_MAX_CALLS_PER_TRANSACTION,
+            max_history_per_transaction: DEFAULT_MAX_HISTORY_PER_TRANSACTION,
             drive: true,
         }
     }
 }
+
+/// One tenant's share of the call and driver slots unless the operator says otherwise
+/// (`--tenant-share-percent`): half, so that one tenant whose participants hang leaves
+/// the other half to everyone else.
+pub const DEFAULT_TENANT_SHARE_PERCENT: u8 = 50;
+
+/// The call budget unless the operator says otherwise (`--max-calls-per-transaction`).
+/// A transaction that needs more is an outlier worth a look: with the default options a
+/// 100-step saga that fails at every step and compensates makes 2,400 calls, and one
+/// step polled "in progress" every second for the default hour makes 3,600.
+pub const DEFAULT_MAX_CALLS_PER_TRANSACTION: u64 = 10_000;
+
+/// History records kept per transaction unless the operator says otherwise
+/// (`--max-history-per-transaction`). Per transaction rather than per branch, so that a
+/// transaction's rows and its view are bounded whatever its number of branches; each
+/// branch's own row keeps its attempt count and last error. 100 records of at most
+/// 2,000 bytes of detail each: about 200 KB per transaction at most.
+pub const DEFAULT_MAX_HISTORY_PER_TRANSACTION: u32 = 100;
 
 /// Why a client or operator request failed. Each maps to one API error code.
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +181,8 @@ pub struct NewSaga {
     pub request: Arc<dyn CanonicalRequest>,
     /// The client's trace context; `None` starts a trace for the transaction.
     pub trace: Option<TraceContext>,
+    /// Created through DTM's door without a token (see [`Transaction::tokenless`]).
+    pub tokenless: bool,
 }
 
 /// A new prepared transaction (TCC, or msg with its steps and back-check URL).
@@ -143,6 +200,8 @@ pub struct NewPrepared {
     pub request: Arc<dyn CanonicalRequest>,
     /// The client's trace context; `None` starts a trace for the transaction.
     pub trace: Option<TraceContext>,
+    /// Created through DTM's door without a token (see [`Transaction::tokenless`]).
+    pub tokenless: bool,
 }
 
 /// The result of a create: the transaction as stored and whether this request created it.
@@ -153,14 +212,18 @@ pub struct CreateOutcome {
 }
 
 pub struct Engine {
+    /// For the engine's writes; reads go through `reads`, which shares it.
     store: Arc<dyn Store>,
+    reads: Reads,
     transport: Arc<dyn Transport>,
     clock: Arc<dyn Clock>,
     observer: Arc<dyn Observer>,
     config: EngineConfig,
-    calls: Semaphore,
-    /// One permit per transaction driven (see [`EngineConfig::max_driving`]).
-    admission: Arc<Semaphore>,
+    /// Calls in flight, per tenant and in all (see [`EngineConfig::tenant_share_percent`]).
+    calls: Slots,
+    /// One per transaction driven (see [`EngineConfig::max_driving`]), per tenant and in
+    /// all.
+    admission: Slots,
     /// Set while the recovery loop waits for drivers to finish before it claims more; a
     /// finishing driver then wakes it through `capacity_freed`. Creates and take-overs
     /// leave their transactions to it meanwhile, so the oldest due ones go first.
@@ -182,7 +245,7 @@ pub struct Engine {
 
 /// The right to drive one more transaction in this process (see
 /// [`EngineConfig::max_driving`]); handed back when its driver ends.
-pub(super) type Admission = tokio::sync::OwnedSemaphorePermit;
+pub(super) type Admission = Slot;
 
 /// A driver task of this process.
 struct Driver {
@@ -200,12 +263,13 @@ impl Engine {
         clock: Arc<dyn Clock>,
         config: EngineConfig,
     ) -> Arc<Engine> {
-        let calls = Semaphore::new(config.max_concurrent_calls.max(1));
-        let admission = Arc::new(Semaphore::new(config.max_driving.max(1)));
+        let calls = Slots::new(config.max_concurrent_calls, config.tenant_share_percent);
+        let admission = Slots::new(config.max_driving, config.tenant_share_percent);
         Arc::new(Engine {
             admission,
             backlog: std::sync::atomic::AtomicBool::new(false),
             capacity_freed: Notify::new(),
+            reads: Reads::new(Arc::clone(&store)),
             store,
             transport,
             clock,
@@ -230,14 +294,6 @@ impl Engine {
         Arc::new(engine)
     }
 
-    /// The store itself. Kept for `idem tx --database-url` (src/cli/tx/direct.rs), which
-    /// works on a database with no server running and still reads it directly; tests may
-    /// use it too. The HTTP API does not: it reads through [`Engine::load`],
-    /// [`Engine::find`], [`Engine::history`] and [`Engine::list`].
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }
@@ -250,6 +306,7 @@ impl Engine {
         Ctx {
             now: self.clock.now(),
             jitter: rand::random::<f64>(),
+            max_calls: self.config.max_calls_per_transaction,
         }
     }
 
@@ -279,17 +336,23 @@ impl Engine {
         Ok(released)
     }
 
-    /// A permit to drive one more transaction now, unless this process drives as many as
-    /// it may, or older due transactions wait in the database for the next free places.
-    pub(super) fn admit(&self) -> Option<Admission> {
+    /// A permit to drive `gid` now, unless this process drives as many as it may (in all,
+    /// or of its tenant), or older due transactions wait in the database for the next
+    /// free places.
+    pub(super) fn admit(&self, gid: &str) -> Option<Admission> {
         if !self.config.drive || self.backlog.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
-        Arc::clone(&self.admission).try_acquire_owned().ok()
+        self.admission.try_acquire(tenant_of(gid))
     }
 
     /// Number of transactions this process is driving now.
     pub fn driving(&self) -> usize {
         self.driving.lock().expect("poisoned").len()
     }
+}
+
+/// The tenant a transaction's key belongs to: whose share of the slots it uses.
+fn tenant_of(gid: &str) -> &str {
+    crate::tenant::split_key(gid).0
 }

@@ -3,6 +3,7 @@
 //! leases). Metrics, the event log, recording and fault injection hang off [`Observer`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::core::{Kind, Millis, Status, Transaction};
 use crate::transport::{CallRequest, CallResult};
@@ -29,6 +30,28 @@ impl Point {
             Point::AfterDecisionStored => "after_decision_stored",
             Point::AfterCallsBeforeRecord => "after_calls_before_record",
             Point::AfterRoundStored => "after_round_stored",
+        }
+    }
+}
+
+/// The phases of a driver's round, as [`Observer::round_phase`] times them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoundPhase {
+    /// Waiting for call slots.
+    Slots,
+    /// The round's calls, concurrent.
+    Calls,
+    /// From the end of one round's calls to the start of the next round's: the store
+    /// write and scheduling.
+    Gap,
+}
+
+impl RoundPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RoundPhase::Slots => "slots",
+            RoundPhase::Calls => "calls",
+            RoundPhase::Gap => "gap",
         }
     }
 }
@@ -83,6 +106,8 @@ pub trait Observer: Send + Sync + 'static {
     fn renewed(&self, _gid: &str) {}
     /// A driver found its lease taken at a renewal and stopped.
     fn lease_lost(&self, _gid: &str) {}
+    /// One phase of a driver's round took `took`.
+    fn round_phase(&self, _phase: RoundPhase, _took: Duration) {}
 }
 
 /// The observer that watches nothing.
@@ -127,6 +152,9 @@ impl Observer for Observers {
     }
     fn lease_lost(&self, gid: &str) {
         self.0.iter().for_each(|o| o.lease_lost(gid));
+    }
+    fn round_phase(&self, phase: RoundPhase, took: Duration) {
+        self.0.iter().for_each(|o| o.round_phase(phase, took));
     }
 }
 

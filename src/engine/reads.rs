@@ -1,30 +1,109 @@
-//! What the front doors read: a transaction, its retry history, a page of the list, and
-//! whether the database answers. They go through here rather than to the store, so the
-//! engine is the one way into the data (and the one place a cache or a read policy would
-//! go).
+//! What the front doors read, through one handle ([`Reads`], from [`Engine::reads`]): the
+//! HTTP API's doors and console, the metrics' sampler, and `idem tx --database-url`, which
+//! reads a database no coordinator serves the same way. The native door's reads come as
+//! its views (`views`); the DTM door and the console shape their own from the rows, whose
+//! types are named here. Nothing outside the engine reads transactions from the store
+//! (tokens are `auth`'s, through its `TokenAdmin`), so a cache or a read policy has one
+//! place to go.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::views::{AttemptPageView, HISTORY_IN_VIEW, PageView, TxView, page_view, tx_view};
 use super::{Engine, EngineError};
-use crate::core::Status;
-use crate::store::{AttemptRecord, ListFilter, Page, StatusSummary, StoreError, StoredTx};
+use crate::core::{Millis, Status};
+use crate::store::{Store, StoreError};
+
+pub use crate::store::{
+    AttemptRecord, CoordinatorSeen, ListFilter, Overview, Page, StatusSummary, StoredTx,
+};
+
+/// Reads of the transactions: cheap to clone, it shares the engine's store.
+#[derive(Clone)]
+pub struct Reads {
+    store: Arc<dyn Store>,
+}
 
 impl Engine {
-    /// The transaction as stored, or `None`: for a door that answers an unknown gid with
-    /// an empty result rather than an error (DTM's `query`).
-    pub async fn find(&self, gid: &str) -> Result<Option<StoredTx>, EngineError> {
-        Ok(self.store.load(gid).await?)
+    /// The handle every read goes through.
+    pub fn reads(&self) -> &Reads {
+        &self.reads
+    }
+}
+
+impl Reads {
+    pub(super) fn new(store: Arc<dyn Store>) -> Reads {
+        Reads { store }
     }
 
-    /// Every call of the transaction that did not simply succeed, oldest first.
-    pub async fn history(&self, gid: &str) -> Result<Vec<AttemptRecord>, EngineError> {
-        Ok(self.store.attempts(gid).await?)
+    /// The transaction as stored, or `None`: for a door that answers an unknown gid with
+    /// an empty result rather than an error (DTM's `query`).
+    pub async fn find(&self, key: &str) -> Result<Option<StoredTx>, EngineError> {
+        Ok(self.store.load(key).await?)
+    }
+
+    /// The transaction as stored; not found is an error.
+    pub async fn load(&self, key: &str) -> Result<StoredTx, EngineError> {
+        self.find(key)
+            .await?
+            .ok_or_else(|| EngineError::NotFound(key.to_owned()))
+    }
+
+    /// The transaction as the native door shows it, with the newest [`HISTORY_IN_VIEW`]
+    /// records of its history (numbers are consecutive, so they are found from the
+    /// stored counts alone).
+    pub async fn view(&self, key: &str) -> Result<TxView, EngineError> {
+        let stored = self.load(key).await?;
+        let tx = &stored.tx;
+        let after = (tx.history - i64::from(HISTORY_IN_VIEW)).max(tx.history_dropped);
+        let history = self.history(key, after, HISTORY_IN_VIEW).await?;
+        Ok(tx_view(&stored, Some(history)))
+    }
+
+    /// A page of the transaction's kept history: at most `limit` records numbered above
+    /// `after` (and above those no longer kept), oldest first.
+    pub async fn attempts(
+        &self,
+        key: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<AttemptPageView, EngineError> {
+        let stored = self.load(key).await?;
+        let tx = &stored.tx;
+        let records = self
+            .history(key, after.max(tx.history_dropped), limit)
+            .await?;
+        // As the list does: a full page may have a next one.
+        let next_cursor = (records.len() == limit as usize)
+            .then(|| records.last().map(|r| r.number.to_string()))
+            .flatten();
+        Ok(AttemptPageView {
+            gid: crate::tenant::client_gid(key).to_owned(),
+            attempts: super::views::shown_records(records),
+            total: tx.history,
+            dropped: tx.history_dropped,
+            next_cursor,
+        })
+    }
+
+    async fn history(
+        &self,
+        key: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<AttemptRecord>, EngineError> {
+        Ok(self.store.attempts(key, after, limit).await?)
     }
 
     /// One page of transactions, newest first, without their branches. The filter's
-    /// `limit` is taken as given: the doors check it (`api::validate::check_list_limit`).
+    /// `limit` is taken as given: the doors check it (`api::validate::list_limit`).
     pub async fn list(&self, filter: &ListFilter) -> Result<Page, EngineError> {
         Ok(self.store.list(filter).await?)
+    }
+
+    /// [`Reads::list`] as the native door shows it.
+    pub async fn page(&self, filter: &ListFilter) -> Result<PageView, EngineError> {
+        Ok(page_view(&self.list(filter).await?))
     }
 
     /// How many of `tenant`'s transactions are not finished (stalled ones included): the
@@ -40,30 +119,6 @@ impl Engine {
         Ok(self.store.count(Some(tenant), &statuses).await?)
     }
 
-    /// Every API token as stored (hashes, never secrets).
-    pub async fn tokens(&self) -> Result<Vec<crate::store::TokenRecord>, EngineError> {
-        Ok(self.store.tokens().await?)
-    }
-
-    /// Issues an API token (see [`crate::auth::tokens::issue`]).
-    pub async fn issue_token(
-        &self,
-        tenant: &str,
-        role: crate::auth::Role,
-        label: &str,
-    ) -> Result<crate::auth::tokens::Issued, crate::auth::tokens::IssueError> {
-        crate::auth::tokens::issue(self.store.as_ref(), tenant, role, label, self.now()).await
-    }
-
-    /// Revokes a token; false when no live token has that id.
-    pub async fn revoke_token(
-        &self,
-        id: &str,
-        now: crate::core::Millis,
-    ) -> Result<bool, EngineError> {
-        Ok(self.store.revoke_token(id, now).await?)
-    }
-
     /// The non-terminal transactions per status, and the oldest's creation time (the
     /// metrics' sampler).
     pub async fn active_summary(&self) -> Result<Vec<StatusSummary>, StoreError> {
@@ -75,21 +130,19 @@ impl Engine {
     pub async fn overview(
         &self,
         tenant: &str,
-        since: crate::core::Millis,
+        since: Millis,
         limit: u32,
-    ) -> Result<crate::store::Overview, EngineError> {
+    ) -> Result<Overview, EngineError> {
         Ok(self.store.overview(tenant, since, limit).await?)
     }
 
     /// The coordinators whose recovery loop ran at or after `since`.
-    pub async fn coordinators(
-        &self,
-        since: crate::core::Millis,
-    ) -> Result<Vec<crate::store::CoordinatorSeen>, EngineError> {
+    pub async fn coordinators(&self, since: Millis) -> Result<Vec<CoordinatorSeen>, EngineError> {
         Ok(self.store.coordinators(since).await?)
     }
 
-    /// Whether the database answers within `timeout` (readiness).
+    /// Whether the database answers within `timeout` (readiness; see
+    /// [`super::READY_TIMEOUT`]).
     pub async fn ping_database(&self, timeout: Duration) -> Result<(), StoreError> {
         self.store.ping(timeout).await
     }

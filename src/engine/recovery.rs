@@ -1,4 +1,12 @@
 //! The recovery loop and shutdown.
+//!
+//! The loop claims as many due, unowned rows as this process has room to drive, passing
+//! over its own drivers' rows and over tenants whose share of the drivers is full, and
+//! taking of the others no more than their room. It wakes when a quarter of the room is
+//! free again (one claim batch at most), and writes this node's row of `idem_coordinator`
+//! (the console's coordinators seen) every 5 s. A graceful stop stops claiming and
+//! starting rounds, lets the rounds in flight finish within the grace (then aborts them and
+//! waits for their tasks), and only then hands every lease back in one write.
 
 use std::sync::Arc;
 
@@ -18,20 +26,10 @@ impl Engine {
         if self.stopping.is_cancelled() {
             return Ok((0, false));
         }
-        let room = self
-            .admission
-            .available_permits()
-            .min(self.config.claim_batch as usize);
-        let Some(mut permits) = (room > 0)
-            .then(|| {
-                Arc::clone(&self.admission)
-                    .try_acquire_many_owned(room as u32)
-                    .ok()
-            })
-            .flatten()
-        else {
+        let Some(mut room) = self.admission.reserve(self.config.claim_batch as usize) else {
             return Ok((0, true));
         };
+        let limit = room.left();
         let now = self.clock.now();
         let lease = self.new_lease(now);
         // Never a second driver beside one of this process's own: after the database
@@ -43,10 +41,7 @@ impl Engine {
             .keys()
             .cloned()
             .collect();
-        let claimed = self
-            .store
-            .claim_due(&lease, now, room as u32, &held)
-            .await?;
+        let claimed = self.claim_fairly(&lease, now, limit, &held).await?;
         let n = claimed.len();
         let ours = identity::instance_prefix(&self.config.node, &self.instance);
         for Claimed {
@@ -61,15 +56,65 @@ impl Engine {
                 .is_some_and(|t| !t.starts_with(&ours));
             self.observer
                 .claimed(&stored.tx, previous_owner.as_deref(), takeover);
-            let admission = permits.split(1).expect("a permit per claimed row");
+            let Some(admission) = self.admission.assign(&mut room, tenant_of(&stored.tx.gid))
+            else {
+                // Its tenant filled its share since the claim was scoped (a create took
+                // the last place): handed back, for a later pass.
+                self.release(&stored.tx.gid, &lease.token).await;
+                continue;
+            };
             match core::apply(&stored.tx, &Event::Wake, self.ctx()) {
                 Ok(t) => Arc::clone(self).start(stored, lease.clone(), t, admission),
                 Err(e) => tracing::error!(gid = stored.tx.gid, error = %e, "cannot resume"),
             }
         }
         // A pass that filled what room there was may have left due rows behind.
-        let cut_short = n == room && room < self.config.claim_batch as usize;
+        let cut_short = n == limit && limit < self.config.claim_batch as usize;
         Ok((n, cut_short))
+    }
+
+    /// Claims up to `limit` due rows, none of a tenant past what its share of the drivers
+    /// leaves it: tenants with no room are left out; those with less than `limit` are
+    /// claimed on their own, up to their room, after the rest. So a tenant with a backlog
+    /// of old due rows, whose share is full, never stands in front of the others' rows,
+    /// and no row is claimed only to be handed back. A tenant that drives nothing has its
+    /// whole share; the bulk claim takes at most that many, so it fits whoever's they are.
+    async fn claim_fairly(
+        &self,
+        lease: &Lease,
+        now: Millis,
+        limit: usize,
+        held: &[String],
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let (full, partial) = self.admission.short_of(limit);
+        let mut skip = full;
+        skip.extend(partial.iter().map(|(tenant, _)| tenant.clone()));
+        let bulk = limit.min(self.admission.per_tenant());
+        let scope = crate::store::TenantScope {
+            skip: &skip,
+            only: None,
+        };
+        let mut claimed = self
+            .store
+            .claim_due_of(lease, now, bulk as u32, held, scope)
+            .await?;
+        for (tenant, free) in partial {
+            let left = limit - claimed.len();
+            if left == 0 {
+                break;
+            }
+            let scope = crate::store::TenantScope {
+                skip: &[],
+                only: Some(&tenant),
+            };
+            let take = free.min(left) as u32;
+            claimed.extend(
+                self.store
+                    .claim_due_of(lease, now, take, held, scope)
+                    .await?,
+            );
+        }
+        Ok(claimed)
     }
 
     /// Wakes a recovery loop that waits for room, once a good share of it is free: one
@@ -77,7 +122,7 @@ impl Engine {
     pub(super) fn driver_ended(&self) {
         use std::sync::atomic::Ordering;
         let enough = (self.config.max_driving / 4).clamp(1, self.config.claim_batch as usize);
-        if self.backlog.load(Ordering::Acquire) && self.admission.available_permits() >= enough {
+        if self.backlog.load(Ordering::Acquire) && self.admission.available() >= enough {
             self.capacity_freed.notify_one();
         }
     }

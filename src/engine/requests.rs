@@ -1,7 +1,11 @@
 //! Client and operator requests: create, register, submit, abort, retry, force-stop.
+//!
+//! Each runs detached from its client's connection, so a client that hangs up after the
+//! write still leaves its transaction with a driver (not undriven until its lease ends).
 
 use std::sync::Arc;
 
+use super::save::{self, Change, OnError};
 use super::*;
 
 impl Engine {
@@ -21,10 +25,11 @@ impl Engine {
         let now = self.clock.now();
         let mut tx = Transaction::saga(new.gid, new.steps, new.options, now);
         tx.trace = Some(new.trace.unwrap_or_else(crate::trace::start));
+        tx.tokenless = new.tokenless;
         // The creator drives the saga; if it dies, the lease lapses and recovery resumes.
         // A creator that drives as many as it may stores it unowned and due: the recovery
         // loop of a coordinator with room claims it.
-        let admission = self.admit();
+        let admission = self.admit(&tx.gid);
         let lease = admission.as_ref().map(|_| self.new_lease(now));
         let outcome = self
             .create(tx.clone(), new.request.as_ref(), lease.as_ref())
@@ -46,6 +51,7 @@ impl Engine {
         }
         let mut tx = Transaction::prepared(new.gid, new.kind, options, now);
         tx.trace = Some(new.trace.unwrap_or_else(crate::trace::start));
+        tx.tokenless = new.tokenless;
         if new.kind == Kind::Msg {
             let mut branches = Vec::new();
             if let Some(url) = new.query_prepared {
@@ -69,26 +75,22 @@ impl Engine {
         request: &dyn CanonicalRequest,
         lease: Option<&Lease>,
     ) -> Result<CreateOutcome, EngineError> {
-        let hash = request_hash(request.canonical());
+        let hash = request.hash();
         let kind = tx.kind;
         match self.store.create(&tx, &hash, lease).await? {
             Created::Inserted => {
                 self.observer.create(kind, Creation::Created);
-                let stored = StoredTx {
-                    tx,
-                    request_hash: hash,
-                    owner_token: lease.map(|l| l.token.clone()),
-                    lease_until: lease.map(|l| l.until),
-                    version: 0,
-                };
-                self.recent.put(stored.clone());
+                let stored = self.record_saved(tx, hash, 0, lease);
                 Ok(CreateOutcome {
                     stored,
                     created: true,
                 })
             }
+            // A token-less caller's repeat is one only of what it may see: the gid of a
+            // transaction it may not is taken, as by a different request.
             Created::Exists(existing)
-                if request.repeats(&existing.request_hash, &existing.tx.options) =>
+                if request.repeats(&existing.request_hash, &existing.tx.options)
+                    && existing.tx.admits(access_of(&tx)) =>
             {
                 self.observer.create(kind, Creation::Repeat);
                 Ok(CreateOutcome {
@@ -103,13 +105,19 @@ impl Engine {
         }
     }
 
-    /// Registers TCC branch operations while the transaction is prepared.
-    pub async fn register(&self, gid: &str, branches: Vec<Branch>) -> Result<(), EngineError> {
+    /// Registers TCC branch operations while the transaction is prepared and `access`
+    /// admits it.
+    pub async fn register(
+        &self,
+        gid: &str,
+        branches: Vec<Branch>,
+        access: Access,
+    ) -> Result<(), EngineError> {
         // The registration changes the row's version; a cached copy would only lose a race.
         self.recent.remove(gid);
         match self
             .store
-            .register(gid, &branches, self.clock.now())
+            .register(gid, &branches, self.clock.now(), access)
             .await?
         {
             Registered::Stored => Ok(()),
@@ -125,7 +133,7 @@ impl Engine {
         gid: &str,
         branch_id: &str,
     ) -> Result<(core::CallOutcome, StoredTx), EngineError> {
-        let stored = self.load(gid).await?;
+        let stored = self.reads.load(gid).await?;
         let key = BranchKey {
             branch_id: branch_id.to_owned(),
             action: Action::Try,
@@ -141,26 +149,37 @@ impl Engine {
             key,
             outcome: outcome.clone(),
         };
-        let (stored, _) = self.update(gid, &event, false).await?;
+        let (stored, _) = self.update(gid, &event, false, Access::Tenant).await?;
         Ok((outcome, stored))
     }
 
-    /// Commits a prepared TCC or msg transaction.
-    pub async fn submit(self: &Arc<Self>, gid: &str) -> Result<StoredTx, EngineError> {
-        self.take_over(gid, Event::Submit).await.map(|(s, _)| s)
+    /// Commits a prepared TCC or msg transaction that `access` admits.
+    pub async fn submit(
+        self: &Arc<Self>,
+        gid: &str,
+        access: Access,
+    ) -> Result<StoredTx, EngineError> {
+        self.take_over(gid, Event::Submit, access)
+            .await
+            .map(|(s, _)| s)
     }
 
-    /// Rolls back a prepared TCC (Cancels) or msg (fails it).
-    pub async fn abort(self: &Arc<Self>, gid: &str, reason: &str) -> Result<StoredTx, EngineError> {
+    /// Rolls back a prepared TCC (Cancels) or msg (fails it) that `access` admits.
+    pub async fn abort(
+        self: &Arc<Self>,
+        gid: &str,
+        reason: &str,
+        access: Access,
+    ) -> Result<StoredTx, EngineError> {
         let event = Event::Abort {
             reason: reason.to_owned(),
         };
-        self.take_over(gid, event).await.map(|(s, _)| s)
+        self.take_over(gid, event, access).await.map(|(s, _)| s)
     }
 
     /// Resumes a stalled transaction, or makes a backing-off one due now.
     pub async fn retry(self: &Arc<Self>, gid: &str) -> Result<StoredTx, EngineError> {
-        let (stored, changed) = self.take_over(gid, Event::Retry).await?;
+        let (stored, changed) = self.take_over(gid, Event::Retry, Access::Tenant).await?;
         if changed {
             self.observer.operator(OperatorAction::Retry, &stored.tx);
         }
@@ -176,7 +195,7 @@ impl Engine {
         let event = Event::ForceStop {
             reason: reason.to_owned(),
         };
-        let (stored, changed) = self.take_over(gid, event).await?;
+        let (stored, changed) = self.take_over(gid, event, Access::Tenant).await?;
         if changed {
             self.observer
                 .operator(OperatorAction::ForceStop, &stored.tx);
@@ -185,32 +204,28 @@ impl Engine {
         Ok(stored)
     }
 
-    pub async fn load(&self, gid: &str) -> Result<StoredTx, EngineError> {
-        self.store
-            .load(gid)
-            .await?
-            .ok_or_else(|| EngineError::NotFound(gid.to_owned()))
-    }
-
     /// [`Engine::update`] of a request that takes the transaction over, run to its end
     /// whether or not the caller still waits.
     async fn take_over(
         self: &Arc<Self>,
         gid: &str,
         event: Event,
+        access: Access,
     ) -> Result<(StoredTx, bool), EngineError> {
         let (engine, gid) = (Arc::clone(self), gid.to_owned());
-        detached(async move { engine.update(&gid, &event, true).await }).await
+        detached(async move { engine.update(&gid, &event, true, access).await }).await
     }
 
     /// Applies a client or operator event: read, apply, write conditionally on the
     /// version read, and start driving when there is work. Lost races re-read and apply
-    /// again, so a repeated request sees the outcome of the first.
+    /// again, so a repeated request sees the outcome of the first. A transaction `access`
+    /// does not admit is not found; checked on the copy the write is conditional on.
     pub(super) async fn update(
         self: &Arc<Self>,
         gid: &str,
         event: &Event,
         take_over: bool,
+        access: Access,
     ) -> Result<(StoredTx, bool), EngineError> {
         let mut cached = self.recent.get(gid);
         for _ in 0..CONTENTION_RETRIES {
@@ -218,8 +233,11 @@ impl Engine {
             // conditional on its version, and a stale copy only loses the race.
             let (stored, from_cache) = match cached.take() {
                 Some(stored) => (stored, true),
-                None => (self.load(gid).await?, false),
+                None => (self.reads.load(gid).await?, false),
             };
+            if !stored.tx.admits(access) {
+                return Err(EngineError::NotFound(gid.to_owned()));
+            }
             let applied = core::apply(&stored.tx, event, self.ctx());
             // Only the database may say "refused" or "nothing to do": another node may have
             // moved the transaction since this copy was made (stalled it, finished it).
@@ -234,51 +252,26 @@ impl Engine {
             let now = self.clock.now();
             let has_calls = !t.calls().is_empty();
             // Without room to drive it here, the row is released to the recovery loops.
-            let admission = (take_over && has_calls).then(|| self.admit()).flatten();
+            let admission = (take_over && has_calls).then(|| self.admit(gid)).flatten();
             let lease = admission.as_ref().map(|_| self.new_lease(now));
-            let keep_owner = stored
-                .owner_token
-                .clone()
-                .zip(stored.lease_until)
-                .map(|(token, until)| Lease { token, until });
             // Work to do: this process takes it. Otherwise, a client request releases the
             // row (the recovery loop of any server continues it), while recording a Try
             // answer leaves the owner as it was.
             let written = match (&lease, take_over) {
                 (Some(lease), _) => Some(lease.clone()),
                 (None, true) => None,
-                (None, false) => keep_owner,
+                (None, false) => save::lease_of(&stored),
             };
-            let decision = is_decision(&stored.tx, &t.tx);
-            if decision {
-                self.observer.point(Point::BeforeDecisionStored, gid);
-            }
-            let saved = self
-                .store
-                .save(Save {
-                    before: &stored.tx,
-                    after: &t.tx,
-                    guard: Guard::Version(stored.version),
-                    lease: written.as_ref(),
-                    attempts: &[],
-                })
-                .await?;
-            if saved == Saved::Lost {
+            let change = Change {
+                stored: &stored,
+                after: &t.tx,
+                owner: None,
+                attempts: &[],
+            };
+            let Some(result) = self.save_state(change, || written, OnError::Fail).await? else {
                 self.recent.remove(gid);
                 continue;
-            }
-            self.observe_status(&stored.tx, &t.tx);
-            if decision {
-                self.observer.point(Point::AfterDecisionStored, gid);
-            }
-            let result = StoredTx {
-                tx: t.tx.clone(),
-                version: stored.version + 1,
-                owner_token: written.as_ref().map(|l| l.token.clone()),
-                lease_until: written.as_ref().map(|l| l.until),
-                ..stored
             };
-            self.recent.put(result.clone());
             if let (Some(lease), Some(admission)) = (lease, admission) {
                 // Stored above: the driver starts at the transition's next step.
                 let stored_already = Transition {
@@ -292,14 +285,6 @@ impl Engine {
             return Ok((result, true));
         }
         Err(EngineError::Contention)
-    }
-
-    pub(super) fn observe_status(&self, before: &Transaction, after: &Transaction) {
-        if before.status != after.status {
-            self.observer
-                .status(&after.gid, before.status, after.status, after.updated_at);
-            self.observer.changed(before, after);
-        }
     }
 }
 
@@ -317,5 +302,15 @@ async fn detached<T: Send + 'static>(
         Err(_) => Err(EngineError::Store(StoreError::Batch(
             "the coordinator is stopping".into(),
         ))),
+    }
+}
+
+/// What a create's creator may see of what it finds under its gid: a token-less create
+/// sees only token-less transactions.
+fn access_of(new: &Transaction) -> Access {
+    if new.tokenless {
+        Access::Tokenless
+    } else {
+        Access::Tenant
     }
 }

@@ -1,4 +1,9 @@
 //! Waiting for an outcome, and the recent states that spare reads.
+//!
+//! `wait_result` waits here for a terminal or stalled state. The recent-state cache keeps
+//! unfinished states while they are unfinished (at most `ACTIVE_KEPT`) and only the
+//! newest `FINISHED_KEPT` finished ones, enough for the waits on them: memory follows the
+//! work under way, not the traffic.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,7 +35,7 @@ impl Engine {
             let stored = match self.recent.get(gid) {
                 Some(s) if settled(&s) => Some(s),
                 Some(_) if self.is_driving(gid) && !expired => None,
-                _ => Some(self.load(gid).await?),
+                _ => Some(self.reads.load(gid).await?),
             };
             if let Some(stored) = stored
                 && (settled(&stored) || expired)

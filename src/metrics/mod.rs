@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::core::{Kind, Status};
+use crate::store::metrics as store;
 
 pub use observer::MetricsObserver;
 pub use sql::{
@@ -123,7 +124,7 @@ pub const DESCRIPTIONS: &[(&str, Type, &str, &str)] = &[
         "Writes of progress refused because another coordinator owns the transaction now.",
     ),
     (
-        "idem_store_errors_total",
+        store::ERRORS_TOTAL,
         Type::Counter,
         "kind",
         "Failed database calls, by kind: timeout, connection, pool_timeout, transient, refused, corrupt, writer_stopped, other.",
@@ -141,31 +142,37 @@ pub const DESCRIPTIONS: &[(&str, Type, &str, &str)] = &[
         "API requests refused with 429 rate_limited: their tenant was over --rate-limit-per-second.",
     ),
     (
+        "idem_overloaded_total",
+        Type::Counter,
+        "limit",
+        "API requests refused with 503 overloaded, by the cap they were past: requests (--max-requests-in-flight) or body_bytes (--max-body-bytes-in-flight).",
+    ),
+    (
         "idem_http_request_seconds",
         Type::Histogram,
         "method,route",
         "Duration of API requests, by method and route template.",
     ),
     (
-        "idem_store_write_seconds",
+        store::WRITE_SECONDS,
         Type::Histogram,
         "op",
         "A create, a save or a lease renewal as the engine waits for it (queued, batched, written, answered), by op (create, save, renew).",
     ),
     (
-        "idem_store_queue_seconds",
+        store::QUEUE_SECONDS,
         Type::Histogram,
         "",
         "How long a create or save waited for a writer to take it into a batch.",
     ),
     (
-        "idem_store_batch_writes",
+        store::BATCH_WRITES,
         Type::Histogram,
         "",
         "Creates and saves written together in one batch (one commit; on PostgreSQL one statement).",
     ),
     (
-        "idem_store_batch_seconds",
+        store::BATCH_SECONDS,
         Type::Histogram,
         "",
         "How long the database took to write one batch, its commit included.",
@@ -253,11 +260,11 @@ fn builder() -> PrometheusBuilder {
         .set_buckets(HTTP_BUCKETS)
         .expect("the bucket list is not empty");
     let b = with(b, "idem_branch_call_seconds", CALL_BUCKETS);
-    let b = with(b, "idem_store_batch_writes", BATCH_BUCKETS);
+    let b = with(b, store::BATCH_WRITES, BATCH_BUCKETS);
     let b = [
-        "idem_store_write_seconds",
-        "idem_store_queue_seconds",
-        "idem_store_batch_seconds",
+        store::WRITE_SECONDS,
+        store::QUEUE_SECONDS,
+        store::BATCH_SECONDS,
         "idem_round_seconds",
     ]
     .into_iter()
@@ -304,8 +311,8 @@ fn describe() {
     for (name, _, labels, _) in DESCRIPTIONS.iter().filter(|d| d.1 == Type::Counter) {
         match *labels {
             "" => metrics::counter!(*name).increment(0),
-            "kind" if *name == "idem_store_errors_total" => {
-                for kind in STORE_ERROR_KINDS {
+            "kind" if *name == store::ERRORS_TOTAL => {
+                for kind in store::ERROR_KINDS {
                     metrics::counter!(*name, "kind" => *kind).increment(0);
                 }
             }
@@ -324,48 +331,14 @@ fn describe() {
                     metrics::counter!(*name, "action" => action).increment(0);
                 }
             }
+            "limit" => {
+                for limit in ["requests", "body_bytes"] {
+                    metrics::counter!(*name, "limit" => limit).increment(0);
+                }
+            }
             _ => {}
         }
     }
-}
-
-/// The values `StoreError::kind` gives `idem_store_errors_total`.
-pub const STORE_ERROR_KINDS: &[&str] = &[
-    "timeout",
-    "connection",
-    "pool_timeout",
-    "transient",
-    "refused",
-    "corrupt",
-    "writer_stopped",
-    "other",
-];
-
-/// Counts one failed database call (see `StoreError::kind`).
-pub fn store_error(kind: &'static str) {
-    metrics::counter!("idem_store_errors_total", "kind" => kind).increment(1);
-}
-
-/// One create or save as the engine waited for it: queued, batched, written, answered.
-pub fn store_write(op: &'static str, took: std::time::Duration) {
-    metrics::histogram!("idem_store_write_seconds", "op" => op).record(took.as_secs_f64());
-}
-
-/// How long one write waited in the queue before a writer took it into a batch.
-pub fn store_queued(waited: std::time::Duration) {
-    metrics::histogram!("idem_store_queue_seconds").record(waited.as_secs_f64());
-}
-
-/// One batch of writes: how many, and how long the database took with them (statements
-/// and commit).
-pub fn store_batch(writes: usize, took: std::time::Duration) {
-    metrics::histogram!("idem_store_batch_writes").record(writes as f64);
-    metrics::histogram!("idem_store_batch_seconds").record(took.as_secs_f64());
-}
-
-/// One phase of a driver's round (see `idem_round_seconds`).
-pub fn round_phase(phase: &'static str, took: std::time::Duration) {
-    metrics::histogram!("idem_round_seconds", "phase" => phase).record(took.as_secs_f64());
 }
 
 /// The Prometheus text exposition of every metric, SQL counts included.

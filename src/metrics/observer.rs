@@ -1,7 +1,9 @@
 //! The engine's events as counters.
 
+use std::time::Duration;
+
 use crate::core::{Millis, Status, Transaction};
-use crate::engine::{Creation, Observer, OperatorAction};
+use crate::engine::{Creation, Observer, OperatorAction, RoundPhase};
 use crate::transport::{CallRequest, CallResult};
 
 /// Counts engine events into metrics.
@@ -63,5 +65,10 @@ impl Observer for MetricsObserver {
 
     fn lease_lost(&self, _gid: &str) {
         metrics::counter!("idem_leases_lost_total").increment(1);
+    }
+
+    fn round_phase(&self, phase: RoundPhase, took: Duration) {
+        metrics::histogram!("idem_round_seconds", "phase" => phase.as_str())
+            .record(took.as_secs_f64());
     }
 }

@@ -45,14 +45,15 @@ pub async fn sample(engine: &Engine) {
     }
     // The check of `/health/ready`, so that an alert on readiness needs no prober.
     let ready = engine
-        .ping_database(crate::api::READY_TIMEOUT)
+        .reads()
+        .ping_database(crate::engine::READY_TIMEOUT)
         .await
         .is_ok();
     metrics::gauge!("idem_ready").set(if ready { 1.0 } else { 0.0 });
     if !ready {
         return;
     }
-    let summary = match engine.active_summary().await {
+    let summary = match engine.reads().active_summary().await {
         Ok(summary) => summary,
         Err(e) => {
             tracing::debug!(error = %e, "cannot sample the transaction gauges");

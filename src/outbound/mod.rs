@@ -3,15 +3,20 @@
 //! `policy`: the outbound policy of `--outbound-policy`, checked when a URL is registered
 //! (`api`) and again when it is called (`transport`), where `resolve` checks every
 //! address a name resolves to, so a name that resolves elsewhere later (DNS rebinding)
-//! is still refused. `redact`: userinfo (`user:password@`) replaced by `***` in every
-//! view and log line. Semantics: docs/security.md.
+//! is still refused. `special`: the networks (loopback, private, link-local, metadata...)
+//! that need an explicit listing. `own`: idem's own listeners, never called.
+//! `redact`: userinfo (`user:password@`) replaced by `***` in every view and log line.
+//! Semantics: docs/outbound-policy.md.
 
+pub mod own;
 pub mod policy;
 pub mod redact;
 pub mod resolve;
+pub mod special;
 #[cfg(test)]
 mod tests;
 
+pub use own::OwnListeners;
 pub use policy::{OutboundPolicy, Refusal, Rule};
 pub use redact::redact_userinfo;
 

@@ -1,31 +1,20 @@
 //! The outbound policy: which participant URLs and addresses each tenant's transactions
-//! may call. Read from `--outbound-policy`'s TOML file; without one, every http(s) URL is
-//! allowed except the always-denied addresses. Semantics: docs/security.md.
+//! may call. Read from `--outbound-policy`'s TOML file; without one, a built-in entry
+//! (public addresses only, or also this host's and private networks for the developer's
+//! quick start: see [`OutboundPolicy::in_force`]). The networks no entry reaches unless it
+//! lists them are in `special`, idem's own listeners in `own`. Semantics: docs/outbound-policy.md.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use reqwest::Url;
 use serde::Deserialize;
 
-/// Link-local networks and cloud metadata addresses: no URL reaches them unless the
-/// tenant's entry lists a CIDR inside them (a wider one, such as `0.0.0.0/0`, does not
-/// count), because they hand out a node's credentials to whoever asks.
-const ALWAYS_DENIED: [&str; 5] = [
-    "169.254.0.0/16",
-    "fe80::/10",
-    "fd00:ec2::254/128",
-    "100.100.100.200/32",
-    // Inside 169.254.0.0/16, but listing that network does not unlock it: only a CIDR
-    // inside the narrowest denied network holding an address does.
-    "169.254.169.254/32",
-];
-
-/// Host names of metadata services: refused unless listed in `hosts` exactly.
-const DENIED_NAMES: [&str; 2] = ["metadata.google.internal", "metadata"];
+use super::own::OwnListeners;
+use super::special::{DENIED_NAMES, Denied, denied, embedded_v4};
 
 /// Why a URL or an address is refused: the rule, never the URL's credentials.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +38,9 @@ pub struct Rule {
     host_suffixes: Vec<String>,
     cidrs: Vec<IpNet>,
     ports: Vec<u16>,
+    /// Whether the non-public networks (loopback, private...) need a listing; off only in
+    /// the quick start's built-in entry.
+    non_public_denied: bool,
 }
 
 /// The whole policy: the default entry and the tenants' own.
@@ -58,6 +50,10 @@ pub struct OutboundPolicy {
     /// transport keeps one HTTP client per index.
     rules: Vec<Arc<Rule>>,
     tenants: BTreeMap<String, usize>,
+    /// Read from a file (else the built-in entry).
+    from_file: bool,
+    /// idem's own listeners, refused whatever the entries say.
+    own: OwnListeners,
 }
 
 #[derive(Deserialize)]
@@ -83,8 +79,18 @@ struct EntryFile {
 }
 
 impl Default for OutboundPolicy {
-    /// No file: every http(s) URL, except the always-denied addresses and names.
+    /// No file: every http(s) URL to a public address (see [`OutboundPolicy::in_force`]
+    /// for the quick start's).
     fn default() -> OutboundPolicy {
+        OutboundPolicy::built_in(true)
+    }
+}
+
+impl OutboundPolicy {
+    /// The entry of a server without a policy file: every http(s) URL, except the
+    /// always-denied addresses and names and, when `non_public_denied`, the non-public
+    /// ones.
+    fn built_in(non_public_denied: bool) -> OutboundPolicy {
         let rule = Rule {
             name: "built-in".into(),
             schemes: vec!["http".into(), "https".into()],
@@ -92,15 +98,46 @@ impl Default for OutboundPolicy {
             host_suffixes: Vec::new(),
             cidrs: Vec::new(),
             ports: Vec::new(),
+            non_public_denied,
         };
         OutboundPolicy {
             rules: vec![Arc::new(rule)],
             tenants: BTreeMap::new(),
+            from_file: false,
+            own: OwnListeners::default(),
         }
     }
-}
 
-impl OutboundPolicy {
+    /// The policy a server enforces: this one, refusing `own`'s listeners too. Without a
+    /// file, the built-in entry refuses non-public addresses (loopback, private, shared,
+    /// unique local...) unless `quick_start` (`--auth none` on loopback: the developer's
+    /// own machine, where participants run on loopback too).
+    pub fn in_force(&self, quick_start: bool, own: &OwnListeners) -> OutboundPolicy {
+        let mut policy = if self.from_file {
+            self.clone()
+        } else {
+            OutboundPolicy::built_in(!quick_start)
+        };
+        policy.own = own.clone();
+        policy
+    }
+
+    /// Whether the entries come from a policy file (else the built-in entry).
+    pub fn from_file(&self) -> bool {
+        self.from_file
+    }
+
+    /// Whether the built-in entry lets this host's and private addresses through (the
+    /// quick start's).
+    pub fn allows_non_public(&self) -> bool {
+        !self.from_file && !self.rules[0].non_public_denied
+    }
+
+    /// idem's own listeners, which this policy refuses.
+    pub fn own(&self) -> &OwnListeners {
+        &self.own
+    }
+
     /// Reads and checks a policy file; the error names the file and what is wrong.
     pub fn load(path: &Path) -> Result<OutboundPolicy, String> {
         let text = std::fs::read_to_string(path)
@@ -114,7 +151,7 @@ impl OutboundPolicy {
         let file: PolicyFile = toml::from_str(text).map_err(|e| located(text, &e))?;
         let default = file.default.ok_or(
             "a [default] table is required: it applies to every tenant without its own entry \
-             (an empty [default] allows every URL but the always-denied addresses)",
+             (an empty [default] allows every URL to a public address)",
         )?;
         let mut rules = vec![Arc::new(Rule::from_file("default", default)?)];
         let mut tenants = BTreeMap::new();
@@ -124,7 +161,12 @@ impl OutboundPolicy {
             tenants.insert(tenant, rules.len());
             rules.push(Arc::new(rule));
         }
-        Ok(OutboundPolicy { rules, tenants })
+        Ok(OutboundPolicy {
+            rules,
+            tenants,
+            from_file: true,
+            own: OwnListeners::default(),
+        })
     }
 
     /// How many entries the policy has: their indexes are `0..entries()`.
@@ -142,8 +184,15 @@ impl OutboundPolicy {
     /// again cannot fail, but a failure is a refusal, not a panic.
     pub fn check_url(&self, tenant: &str, url: &str) -> Result<(), Refusal> {
         let parsed = Url::parse(url).map_err(|_| Refusal("the URL does not parse".into()))?;
+        self.check_parsed(tenant, &parsed)
+    }
+
+    /// The check of a parsed URL, at registration and before each call: idem's own
+    /// listeners, then the tenant's entry.
+    pub fn check_parsed(&self, tenant: &str, url: &Url) -> Result<(), Refusal> {
+        self.own.check_url(url)?;
         let (_, rule) = self.rule_for(tenant);
-        rule.check_url(&parsed)
+        rule.check_url(url)
     }
 }
 
@@ -194,6 +243,7 @@ impl Rule {
             host_suffixes,
             cidrs,
             ports: entry.ports,
+            non_public_denied: true,
         })
     }
 
@@ -257,29 +307,51 @@ impl Rule {
     }
 
     /// The check of one address: each address a name resolves to when it is called, and
-    /// (through [`Rule::check_url`]) an IP literal.
+    /// (through [`Rule::check_url`]) an IP literal. An IPv6 address that carries an IPv4
+    /// one (6to4, Teredo, NAT64, IPv4-compatible) must pass as that too.
     pub fn check_addr(&self, ip: IpAddr) -> Result<(), Refusal> {
-        let name = &self.name;
         // An IPv4-mapped IPv6 address reaches the IPv4 host: judge it as that.
         let ip = ip.to_canonical();
-        if let Some(denied) = always_denied(ip) {
-            // Only a CIDR inside the denied network unlocks it, not a wide one.
-            let unlocked = self
-                .cidrs
-                .iter()
-                .any(|net| net.contains(&ip) && denied.contains(net));
-            if unlocked {
-                return Ok(());
-            }
+        // The carried address first: its refusal says more than the IPv6 form's.
+        if let IpAddr::V6(v6) = ip
+            && let Some(v4) = embedded_v4(v6)
+        {
+            self.check_special(ip, IpAddr::V4(v4))?;
+        }
+        self.check_special(ip, ip)?;
+        if !self.cidrs.is_empty() && !self.cidrs.iter().any(|net| net.contains(&ip)) {
             return Err(Refusal(format!(
-                "address {ip} is link-local or a cloud metadata address ({denied}), denied \
-                 unless [{name}] cidrs lists a network inside {denied}"
+                "address {ip} is not in [{}] cidrs",
+                self.name
             )));
         }
-        if !self.cidrs.is_empty() && !self.cidrs.iter().any(|net| net.contains(&ip)) {
-            return Err(Refusal(format!("address {ip} is not in [{name}] cidrs")));
-        }
         Ok(())
+    }
+
+    /// Refuses `ip` (carried by `shown`, the address of the URL or of the resolution) when
+    /// it is in a network of `special` that this entry does not unlock: only a CIDR inside
+    /// that network does, never a wide one.
+    fn check_special(&self, shown: IpAddr, ip: IpAddr) -> Result<(), Refusal> {
+        let Some(Denied { net, what }) = denied(ip, self.non_public_denied) else {
+            return Ok(());
+        };
+        let unlocked = self
+            .cidrs
+            .iter()
+            .any(|listed| listed.contains(&ip) && net.contains(listed));
+        if unlocked {
+            return Ok(());
+        }
+        let carried = if shown == ip {
+            String::new()
+        } else {
+            format!(" carries {ip}, which")
+        };
+        Err(Refusal(format!(
+            "address {shown}{carried} is {what} ({net}), denied unless [{}] cidrs lists a \
+             network inside {net}",
+            self.name
+        )))
     }
 
     /// An IP-literal URL host: with names listed and no CIDRs it would bypass the names,
@@ -324,21 +396,6 @@ pub fn url_host(url: &Url) -> Option<Host<'_>> {
         Ok(ip) => Host::Ip(ip),
         Err(_) => Host::Name(host),
     })
-}
-
-/// The narrowest always-denied network holding `ip`.
-fn always_denied(ip: IpAddr) -> Option<IpNet> {
-    static DENIED: LazyLock<Vec<IpNet>> = LazyLock::new(|| {
-        ALWAYS_DENIED
-            .iter()
-            .map(|net| net.parse().expect("a valid CIDR"))
-            .collect()
-    });
-    DENIED
-        .iter()
-        .filter(|net| net.contains(&ip))
-        .max_by_key(|net| net.prefix_len())
-        .copied()
 }
 
 /// A CIDR, or a bare address as its one-address network; host bits are cleared.

@@ -19,6 +19,11 @@ use rustls::sign::CertifiedKey;
 pub use outbound::OutboundTls;
 pub use server::{CertResolver, ServerTls};
 
+/// reqwest and sqlx share rustls with the ring provider; it must be chosen once per process.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// A certificate or key file that cannot be used, and why.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -94,7 +99,7 @@ fn certified_key(
 ) -> Result<CertifiedKey, TlsError> {
     let chain = parse_certs(cert, cert_pem)?;
     let private = parse_key(key, key_pem)?;
-    crate::transport::install_crypto_provider();
+    install_crypto_provider();
     let provider: &Arc<CryptoProvider> =
         CryptoProvider::get_default().expect("installed just above");
     CertifiedKey::from_der(chain, private, provider).map_err(|e| TlsError::Pair {

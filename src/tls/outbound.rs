@@ -79,7 +79,7 @@ mod tests {
         let tls = OutboundTls::load(Some(&cert), Some(&cert), Some(&key)).unwrap();
         assert_eq!(tls.roots.len(), 1);
         assert!(tls.identity.is_some());
-        crate::transport::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         tls.apply(reqwest::Client::builder()).build().unwrap();
     }
 

@@ -66,7 +66,7 @@ impl CertResolver {
     /// An acceptor for the API's connections: HTTP/1.1 only, the only protocol the
     /// server speaks (see [`crate::http_server`]).
     pub fn acceptor(self: &Arc<Self>) -> TlsAcceptor {
-        crate::transport::install_crypto_provider();
+        super::install_crypto_provider();
         let resolver: Arc<dyn ResolvesServerCert> = Arc::clone(self) as _;
         let mut config = rustls::ServerConfig::builder()
             .with_no_client_auth()
@@ -75,39 +75,35 @@ impl CertResolver {
         TlsAcceptor::from(Arc::new(config))
     }
 
-    /// Reloads on SIGHUP and at the configured interval until `stop`. SIGHUP is caught
-    /// from this call on, not from the first poll of the future: one sent as soon as the
-    /// server says it listens must not find the default action (the end of the process).
+    /// Reloads on SIGHUP and at the configured interval until `stop` (see
+    /// [`crate::reload`]; SIGHUP is caught from this call on).
     pub fn keep_reloading(
         self: Arc<Self>,
         stop: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let hangup = hangups();
-        self.reload_until(hangup, stop)
+        let interval = self.files.reload_interval;
+        crate::reload::on_hangup_and_every(
+            interval,
+            stop,
+            "the TLS certificate and key",
+            move |why| self.reload_logged(why),
+        )
     }
 
-    async fn reload_until(self: Arc<Self>, mut hangup: Hangups, stop: CancellationToken) {
-        let interval = self.files.reload_interval;
-        loop {
-            let why = tokio::select! {
-                () = stop.cancelled() => return,
-                () = next_hangup(&mut hangup) => "SIGHUP",
-                () = tick(interval) => "interval",
-            };
-            match self.reload() {
-                // Every few minutes, the same files: nothing to say.
-                Ok(false) => tracing::debug!(trigger = why, "the TLS certificate is unchanged"),
-                Ok(true) => tracing::info!(
-                    trigger = why,
-                    cert = %self.files.cert_file.display(),
-                    "reloaded the TLS certificate"
-                ),
-                Err(e) => tracing::error!(
-                    trigger = why,
-                    error = %e,
-                    "cannot reload the TLS certificate; still serving the previous one"
-                ),
-            }
+    fn reload_logged(&self, why: &'static str) {
+        match self.reload() {
+            // Every few minutes, the same files: nothing to say.
+            Ok(false) => tracing::debug!(trigger = why, "the TLS certificate is unchanged"),
+            Ok(true) => tracing::info!(
+                trigger = why,
+                cert = %self.files.cert_file.display(),
+                "reloaded the TLS certificate"
+            ),
+            Err(e) => tracing::error!(
+                trigger = why,
+                error = %e,
+                "cannot reload the TLS certificate; still serving the previous one"
+            ),
         }
     }
 }
@@ -122,48 +118,6 @@ fn load_pair(files: &ServerTls) -> Result<CertifiedKey, TlsError> {
     let cert = read(&files.cert_file)?;
     let key = read(&files.key_file)?;
     certified_key((&files.cert_file, &cert), (&files.key_file, &key))
-}
-
-async fn tick(interval: Option<Duration>) {
-    match interval {
-        Some(every) => tokio::time::sleep(every).await,
-        None => std::future::pending().await,
-    }
-}
-
-#[cfg(unix)]
-type Hangups = Option<tokio::signal::unix::Signal>;
-#[cfg(not(unix))]
-type Hangups = ();
-
-#[cfg(unix)]
-fn hangups() -> Hangups {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGHUP; the certificate reloads at its interval only");
-            None
-        }
-    }
-}
-
-#[cfg(not(unix))]
-fn hangups() -> Hangups {}
-
-#[cfg(unix)]
-async fn next_hangup(hangups: &mut Hangups) {
-    if let Some(s) = hangups
-        && s.recv().await.is_some()
-    {
-        return;
-    }
-    std::future::pending().await
-}
-
-#[cfg(not(unix))]
-async fn next_hangup(_: &mut Hangups) {
-    std::future::pending().await
 }
 
 #[cfg(test)]

@@ -10,6 +10,10 @@ use std::io::Write;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+mod text;
+
+pub use text::{JsonText, write_canonical_text};
+
 /// The canonical text of a JSON value.
 pub fn canonical_json(value: &Value) -> String {
     let mut out = Vec::new();
@@ -18,13 +22,28 @@ pub fn canonical_json(value: &Value) -> String {
     String::from_utf8(out).expect("canonical JSON is UTF-8")
 }
 
+/// Appends the canonical text of `value` to `out`.
+pub fn write_canonical_json(value: &Value, out: &mut Vec<u8>) {
+    write_value(value, out);
+}
+
 /// SHA-256 of the canonical text, as 64 lowercase hex digits.
 pub fn request_hash(value: &Value) -> String {
-    // Every create hashes its request: one buffer and one string, not one per byte.
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut text = Vec::new();
     write_value(value, &mut text);
-    let digest = Sha256::digest(&text);
+    text_hash([text.as_slice()])
+}
+
+/// [`request_hash`] of a canonical text given in pieces, one after the other: a request
+/// written as text (see [`write_canonical_text`]) hashes as its tree would.
+pub fn text_hash<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> String {
+    // Every create hashes its request: one string, not one per byte.
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut hasher = Sha256::new();
+    for piece in pieces {
+        hasher.update(piece);
+    }
+    let digest = hasher.finalize();
     let mut hex = String::with_capacity(2 * digest.len());
     for b in digest {
         hex.push(HEX[usize::from(b >> 4)] as char);
@@ -92,7 +111,7 @@ fn write_value(value: &Value, out: &mut Vec<u8>) {
 }
 
 /// `s` as a JSON string, escaped as serde_json escapes it.
-fn write_string(s: &str, out: &mut Vec<u8>) {
+pub(crate) fn write_string(s: &str, out: &mut Vec<u8>) {
     serde_json::to_writer(&mut *out, s).expect("a string serializes");
 }
 
@@ -102,21 +121,28 @@ fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
     } else if let Some(u) = n.as_u64() {
         write!(out, "{u}")
     } else if let Some(f) = n.as_f64() {
-        // Integral floats within the exactly-representable range print as integers, so
-        // 1.0 and 1 hash alike; other floats use Rust's shortest round-trip form.
-        if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
-            write!(out, "{}", f as i64)
-        } else {
-            write!(out, "{f:?}")
-        }
+        write_float(f, out);
+        Ok(())
     } else {
         Ok(())
     };
     written.expect("writing to a Vec cannot fail");
 }
 
+/// A finite float of the canonical text.
+pub(crate) fn write_float(f: f64, out: &mut Vec<u8>) {
+    // Integral floats within the exactly-representable range print as integers, so
+    // 1.0 and 1 hash alike; other floats use Rust's shortest round-trip form.
+    let written = if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
+        write!(out, "{}", f as i64)
+    } else {
+        write!(out, "{f:?}")
+    };
+    written.expect("writing to a Vec cannot fail");
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
@@ -146,7 +172,8 @@ mod tests {
         assert_eq!(request_hash(&json!({})).len(), 64);
     }
 
-    fn json() -> impl Strategy<Value = Value> {
+    /// Any JSON value (`text`'s tests use it too).
+    pub(crate) fn json() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),

@@ -1,218 +1,133 @@
 //! Signed idem branch calls, shared by the coordinator (which signs) and the participant
 //! SDK (which verifies), so both sides build the same canonical string from one text.
+//! Everything a participant in another language needs is on this page.
 //!
-//! # The header
+//! # The headers
+//!
+//! Every call carries:
 //!
 //! ```text
-//! Idem-Signature: t=1764600000,kid=2026-12,v1=3f1c…(64 hex digits)
+//! Idem-Tenant: acme                                   the transaction's tenant (`default` included)
+//! Idem-Call-Id: 5f0c3a9e1b2d4c6f8a7e9d0b1c2a3f4e      128 random bits, new for every attempt
+//! Idem-Signature: t=1764600000,kid=2026-12,v2=3f1c…   with a signing key only
 //! ```
+//!
+//! The signature header's fields, `,`-separated, unknown ones ignored, none twice:
 //!
 //! * `t`: when the call was signed, in Unix seconds (the coordinator's wall clock);
 //! * `kid`: which key signed it, so keys can rotate;
-//! * `v1`: the lowercase hex HMAC-SHA256 of the canonical string under that key's secret.
+//! * `v2`: the lowercase hex signature of the v2 canonical string: 64 digits for
+//!   HMAC-SHA256, 128 for Ed25519;
+//! * `v1`: (only when the coordinator runs with `--signing-legacy-v1`, and only with an
+//!   HMAC key) the lowercase hex HMAC-SHA256 of the v1 string, for participants that
+//!   predate v2.
 //!
-//! Fields are separated by `,`; unknown fields are ignored, so a later version can add one
-//! (say `v2`) next to `v1`.
+//! # The v2 canonical string
 //!
-//! # The canonical string
-//!
-//! Six lines joined by `\n` (no trailing newline):
+//! Eleven lines joined by `\n` (no trailing newline; no line can hold a newline):
 //!
 //! ```text
-//! idem-signature-v1
-//! <t>                      the same decimal digits as in the header
-//! <kid>                    the same key id as in the header
-//! <METHOD>                 POST, or GET for DTM's msg back-check
-//! <path and query>         the request target exactly as sent: /inventory/reserve?gid=g1&trans_type=tcc&branch_id=01&op=try
-//! <hex SHA-256 of the body> lowercase; the SHA-256 of nothing for an empty body
+//! idem-signature-v2
+//! <t>                        the same decimal digits as in the header
+//! <kid>                      the same key id as in the header
+//! <call id>                  the Idem-Call-Id header: 32 lowercase hex digits
+//! <tenant>                   the Idem-Tenant header; `default` when the call has none
+//! <METHOD>                   POST, or GET for DTM's msg back-check
+//! <scheme>                   http or https, lowercase
+//! <host>                     the URL's host, lowercase ASCII (punycode for a name), an IPv6 address in brackets ([::1]), no port
+//! <port>                     decimal; 80 or 443 when the URL names none
+//! <path and query>           the request target exactly as sent: /inventory/reserve?gid=g1&trans_type=tcc&branch_id=01&op=try
+//! <hex SHA-256 of the body>  lowercase; the SHA-256 of nothing for an empty body
 //! ```
 //!
-//! A verifier reads the path and query from the request line as received (before any
-//! percent-decoding or routing), so a proxy in front of the participant that rewrites paths
-//! breaks the signature: verify where the path is the one the coordinator called.
+//! The scheme, host and port are those of the URL idem called. A participant rebuilds them
+//! from where it was called: its configured external base URL(s) (behind a proxy that
+//! changes `Host`), or else the `Host` header (`host[:port]`) with its configured scheme
+//! (`http` by default) and that scheme's default port. Binding the target through `Host`
+//! holds only as far as the participant (or its proxy) refuses a `Host` that is not its
+//! own: configure the external URL to bind it fully. The path and query are read from the
+//! request line as received (before any percent-decoding or routing), so a proxy that
+//! rewrites paths breaks the signature.
+//!
+//! HMAC-SHA256: the key is the secret's UTF-8 bytes, the signature the MAC of the string's
+//! bytes. Ed25519: RFC 8032 (pure Ed25519) over the string's bytes.
+//!
+//! # The v1 canonical string
+//!
+//! Six lines joined by `\n`: `idem-signature-v1`, `<t>`, `<kid>`, `<METHOD>`, `<path and
+//! query>`, `<hex SHA-256 of the body>`, HMAC-SHA256 only. It binds neither the host, the
+//! tenant nor the call: a participant should require v2 ([`Policy::accept_v1`] false,
+//! the SDK's default) once its coordinator sends it.
+//!
+//! # Verifying
+//!
+//! Check, in this order: the header parses; with `v2`, the call id has its form; the key
+//! (by `kid`, in the list of the call's tenant, see [`Keyring`]) verifies the signature;
+//! `t` is within the window (default [`DEFAULT_WINDOW`], either way) of your clock; the
+//! call id was not seen before within the window (the SDK's replay cache). A header with
+//! `v2` is checked on `v2` alone, never on its `v1`.
 //!
 //! # Keys
 //!
-//! A key is a key id and a secret (the secret's UTF-8 bytes are the HMAC key), written
-//! `kid:secret`; a list of keys is one per line or comma-separated, `#` starting a comment
-//! line (see [`Keys::parse`]). The coordinator signs with the first key of its list; a
-//! participant accepts any key of its list, which is how keys rotate: add the new key to
-//! every participant, then put it first at the coordinator, then remove the old one.
+//! A key file holds one entry per line (or comma-separated), `#` starting a comment line:
+//!
+//! * `kid:secret`: HMAC-SHA256; the secret is at least 16 bytes, no whitespace or comma;
+//! * `kid:ed25519:<64 hex digits>`: an Ed25519 private key (its 32-byte seed), which the
+//!   coordinator signs with;
+//! * `kid:ed25519-pub:<64 hex digits>`: an Ed25519 public key, which a participant
+//!   verifies with (it cannot sign).
+//!
+//! A key id is 1 to 64 of `A-Z a-z 0-9 . _ -` and appears once in a file. Lines `[tenant
+//! NAME]` and `[default]` start sections (see [`Keyring`]): a tenant's calls are signed
+//! and verified with its own list when the file has one, else with the default list (the
+//! entries before any section). In each list the first key signs and any verifies, which
+//! is how keys rotate: add the new key to every participant, then put it first at the
+//! coordinator, then remove the old one.
 
 #![warn(missing_docs)]
 
+mod call;
+mod error;
+mod header;
+mod keyring;
 mod keys;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hmac::{Hmac, KeyInit, Mac};
-use sha2::{Digest, Sha256};
+pub use call::{
+    Call, Policy, Verified, Version, canonical_v1, canonical_v2, is_call_id, new_call_id,
+    sign_call, sign_v1, verify_call, verify_v1,
+};
+pub use error::SignatureError;
+pub use keyring::{Keyring, MAX_TENANT_LEN, SharedKeyring, is_tenant_name};
+pub use keys::{Algorithm, Key, KeyError, Keys, MIN_SECRET_BYTES};
 
-pub use keys::{Key, KeyError, Keys, MIN_SECRET_BYTES};
-
-/// The header's name (HTTP header names are case-insensitive).
+/// The signature header's name (HTTP header names are case-insensitive).
 pub const HEADER: &str = "idem-signature";
 
-/// The first line of the canonical string: names the scheme and its version.
-pub const SCHEME: &str = "idem-signature-v1";
+/// The header naming a call's tenant; sent on every call.
+pub const TENANT_HEADER: &str = "idem-tenant";
+
+/// The header carrying a call's id; sent on every call, new for every attempt.
+pub const CALL_ID_HEADER: &str = "idem-call-id";
+
+/// The tenant of a call without `Idem-Tenant` (the coordinator's default tenant).
+pub const DEFAULT_TENANT: &str = "default";
+
+/// The first line of the v1 canonical string.
+pub const SCHEME_V1: &str = "idem-signature-v1";
+
+/// The first line of the v2 canonical string.
+pub const SCHEME_V2: &str = "idem-signature-v2";
 
 /// How far a call's timestamp may be from the verifier's clock, either way, by default.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(300);
-
-/// The string that is signed (see the crate's documentation).
-pub fn canonical(
-    timestamp: u64,
-    kid: &str,
-    method: &str,
-    path_and_query: &str,
-    body: &[u8],
-) -> String {
-    let body_hash = hex::encode(Sha256::digest(body));
-    format!("{SCHEME}\n{timestamp}\n{kid}\n{method}\n{path_and_query}\n{body_hash}")
-}
-
-fn mac(key: &Key, canonical: &str) -> Hmac<Sha256> {
-    // HMAC takes a key of any length; the error branch cannot happen.
-    let mut mac = Hmac::<Sha256>::new_from_slice(key.secret()).expect("HMAC accepts any key size");
-    mac.update(canonical.as_bytes());
-    mac
-}
-
-/// The `Idem-Signature` header value for one call, signed with `key` at `timestamp`
-/// (Unix seconds).
-pub fn sign(key: &Key, timestamp: u64, method: &str, path_and_query: &str, body: &[u8]) -> String {
-    let text = canonical(timestamp, key.kid(), method, path_and_query, body);
-    let digest = hex::encode(mac(key, &text).finalize().into_bytes());
-    format!("t={timestamp},kid={},v1={digest}", key.kid())
-}
 
 /// Unix seconds of `time` (0 before 1970).
 pub fn unix_seconds(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// Why a call's signature was not accepted. Each has a stable [`code`](Self::code).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SignatureError {
-    /// No `Idem-Signature` header.
-    #[error("the call has no Idem-Signature header")]
-    Missing,
-    /// The header is not `t=<digits>,kid=<id>,v1=<64 hex digits>`.
-    #[error("malformed Idem-Signature header: {0}")]
-    Malformed(&'static str),
-    /// The header names a key id this side does not hold.
-    #[error("unknown signing key id `{0}`")]
-    UnknownKey(String),
-    /// The signature does not match the call (another secret, or a changed method,
-    /// path, query, timestamp or body).
-    #[error("the signature does not match the call")]
-    Mismatch,
-    /// The timestamp is further than the window from this side's clock (a replay, or a
-    /// clock off by that much).
-    #[error(
-        "signed at {timestamp}, {skew_seconds} s away from now; the window is {window_seconds} s"
-    )]
-    OutsideWindow {
-        /// The header's `t`.
-        timestamp: u64,
-        /// How far it is from now, either way.
-        skew_seconds: u64,
-        /// The accepted distance.
-        window_seconds: u64,
-    },
-}
-
-impl SignatureError {
-    /// The stable code a participant answers with (in a 401's body).
-    pub fn code(&self) -> &'static str {
-        match self {
-            SignatureError::Missing => "signature_missing",
-            SignatureError::Malformed(_) => "signature_malformed",
-            SignatureError::UnknownKey(_) => "signature_unknown_key",
-            SignatureError::Mismatch => "signature_mismatch",
-            SignatureError::OutsideWindow { .. } => "signature_expired",
-        }
-    }
-}
-
-/// The parsed fields of a header value.
-struct Parsed<'a> {
-    timestamp: u64,
-    kid: &'a str,
-    v1: Vec<u8>,
-}
-
-fn parse(header: &str) -> Result<Parsed<'_>, SignatureError> {
-    let (mut t, mut kid, mut v1) = (None, None, None);
-    for field in header.split(',') {
-        let Some((name, value)) = field.trim().split_once('=') else {
-            return Err(SignatureError::Malformed("a field is not name=value"));
-        };
-        let slot = match name {
-            "t" => &mut t,
-            "kid" => &mut kid,
-            "v1" => &mut v1,
-            _ => continue,
-        };
-        if slot.replace(value).is_some() {
-            return Err(SignatureError::Malformed("a field appears twice"));
-        }
-    }
-    let t = t.ok_or(SignatureError::Malformed("no t"))?;
-    let kid = kid.ok_or(SignatureError::Malformed("no kid"))?;
-    let v1 = v1.ok_or(SignatureError::Malformed("no v1"))?;
-    // Digits only: `+5` or ` 5` would parse but sign a different text.
-    if t.is_empty() || t.len() > 20 || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(SignatureError::Malformed("t is not Unix seconds"));
-    }
-    let timestamp = t
-        .parse()
-        .map_err(|_| SignatureError::Malformed("t is not Unix seconds"))?;
-    if v1.len() != 64 {
-        return Err(SignatureError::Malformed("v1 is not 64 hex digits"));
-    }
-    let v1 = hex::decode(v1).map_err(|_| SignatureError::Malformed("v1 is not 64 hex digits"))?;
-    Ok(Parsed { timestamp, kid, v1 })
-}
-
-/// Checks a call's signature: `header` is its `Idem-Signature` value (`None` when absent),
-/// `method`, `path_and_query` and `body` as received, `now` this side's clock. Accepts a
-/// signature by any of `keys` made within `window` of `now` (either way); returns the key
-/// id that signed. The comparison runs in constant time.
-///
-/// A verified call can still be a repeat within the window: idem retries calls anyway,
-/// so the participant's barrier, not the signature, makes a repeat harmless.
-pub fn verify<'k>(
-    header: Option<&str>,
-    method: &str,
-    path_and_query: &str,
-    body: &[u8],
-    now: SystemTime,
-    keys: &'k Keys,
-    window: Duration,
-) -> Result<&'k str, SignatureError> {
-    let header = header.ok_or(SignatureError::Missing)?;
-    let parsed = parse(header)?;
-    let key = keys
-        .get(parsed.kid)
-        .ok_or_else(|| SignatureError::UnknownKey(parsed.kid.chars().take(64).collect()))?;
-    let text = canonical(parsed.timestamp, key.kid(), method, path_and_query, body);
-    mac(key, &text)
-        .verify_slice(&parsed.v1)
-        .map_err(|_| SignatureError::Mismatch)?;
-    // Checked after the MAC, so a forged header learns nothing about the window.
-    let now = unix_seconds(now);
-    let skew = now.abs_diff(parsed.timestamp);
-    if skew > window.as_secs() {
-        return Err(SignatureError::OutsideWindow {
-            timestamp: parsed.timestamp,
-            skew_seconds: skew,
-            window_seconds: window.as_secs(),
-        });
-    }
-    Ok(key.kid())
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ impl Backend {
     /// Every backend, SQLite first.
     pub const ALL: [Backend; 3] = [Backend::Sqlite, Backend::Postgres, Backend::Mysql];
 
-    /// `sqlite`, `postgres` or `mysql`: the name in logs, flags, metrics and
+    /// `sqlite`, `postgres` or `mysql`: the name in logs, flags, metrics and the store's
     /// `migrations/<name>/`.
     pub fn name(self) -> &'static str {
         match self {

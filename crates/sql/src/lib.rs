@@ -1,5 +1,5 @@
-//! The SQL plumbing that both sides of idem share: the coordinator's store (`idem`'s
-//! `src/store/`) and the participant SDK (`idem-participant`).
+//! The SQL plumbing that both sides of idem share: the coordinator's store (`idem-store`)
+//! and the participant SDK (`idem-participant`).
 //!
 //! - [`Backend`]: which database a URL or a connection names (SQLite, PostgreSQL,
 //!   MySQL/MariaDB), with what differs between them in the SQL both sides send: the

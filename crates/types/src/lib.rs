@@ -14,7 +14,29 @@ use serde::{Deserialize, Serialize};
 
 mod views;
 
-pub use views::{AttemptRecord, BranchView, ErrorBody, ErrorView, PageView, TxView};
+pub use views::{
+    AttemptPageView, AttemptRecord, BranchView, ErrorBody, ErrorView, PageView, TxView,
+};
+
+/// The tenant of requests that carry no token, and of every transaction (and participant
+/// row) stored before tenants existed.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Longest tenant name, in bytes (its characters are ASCII).
+pub const MAX_TENANT_LEN: usize = 32;
+
+/// Longest gid or branch id, in bytes: the store's `VARCHAR(128)` columns.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Whether `name` is a tenant name: 1 to [`MAX_TENANT_LEN`] characters of `a-z 0-9 _ -`.
+/// The coordinator gives tenants no other names, and participants key their rows by them.
+pub fn is_tenant_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TENANT_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-'))
+}
 
 /// Milliseconds since the Unix epoch. Every timestamp in idem is one of these, so the
 /// three databases store the same integer and the core never reads a clock.

@@ -31,6 +31,19 @@ pub struct TxView {
     pub last_error: Option<String>,
     /// Failed branch calls so far.
     pub attempts: i32,
+    /// Calls idem made by itself (every branch call but a Try) since the transaction was
+    /// created or an operator last retried it: what the server's call budget
+    /// (`--max-calls-per-transaction`) counts.
+    #[serde(default)]
+    pub calls: i64,
+    /// Calls that did not simply succeed, recorded in all: the newest are kept as its
+    /// history, numbered from 1 in the order they were made.
+    #[serde(default)]
+    pub history_total: i64,
+    /// How many of the oldest of them are no longer kept (the server keeps the newest
+    /// `--max-history-per-transaction`): numbers 1 to this one are gone.
+    #[serde(default)]
+    pub history_dropped: i64,
     /// When a prepared TCC or msg, or a saga still running forward, times out.
     pub timeout_at: Option<Millis>,
     /// When the coordinator acts on it next.
@@ -49,7 +62,8 @@ pub struct TxView {
     /// tracing UI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
-    /// Every call that did not succeed at once (on `GET` of one transaction).
+    /// On `GET` of one transaction: the newest of the calls that did not succeed at
+    /// once, at most 100, oldest first; `GET .../attempts` pages through every one kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history: Option<Vec<AttemptRecord>>,
 }
@@ -86,6 +100,10 @@ pub struct BranchView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AttemptRecord {
+    /// Its place in the transaction's history: 1 for the first call that did not
+    /// succeed, counting every one recorded, kept or not.
+    #[serde(default)]
+    pub number: i64,
     /// The branch called.
     pub branch_id: String,
     /// The operation called.
@@ -100,6 +118,23 @@ pub struct AttemptRecord {
     pub outcome: String,
     /// What the participant answered, or why there was no answer (cut).
     pub detail: Option<String>,
+}
+
+/// A page of `GET /api/v1/transactions/{gid}/attempts`: the kept history of a
+/// transaction's calls that did not simply succeed, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AttemptPageView {
+    /// The transaction's gid.
+    pub gid: String,
+    /// The calls of this page, by number.
+    pub attempts: Vec<AttemptRecord>,
+    /// Calls recorded in all (the newest one's number).
+    pub total: i64,
+    /// The oldest ones no longer kept: numbers 1 to this one.
+    pub dropped: i64,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// A page of `GET /api/v1/transactions`, newest first.

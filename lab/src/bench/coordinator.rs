@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use idem::metrics::SqlCounts;
+use idem_participant::testing::{IdemProcess, IdemServe};
 
 use super::Error;
 use super::load::idem_client;
@@ -12,7 +13,7 @@ use super::load::idem_client;
 /// An `idem serve` child process.
 pub struct Coordinator {
     pub url: String,
-    pub(super) child: tokio::process::Child,
+    process: IdemProcess,
 }
 
 impl Coordinator {
@@ -34,61 +35,39 @@ impl Coordinator {
         extra: &[String],
         node: &str,
     ) -> Result<Coordinator, Error> {
-        use tokio::io::AsyncBufReadExt;
-        let mut child = tokio::process::Command::new(bin)
-            .args([
-                "serve",
-                "--database-url",
-                db,
-                "--listen",
-                "127.0.0.1:0",
-                "--node",
-                node,
-            ])
+        let process = IdemServe::new(bin, db)
+            .default_flag("--node", node)
             .args(extra)
-            .env("RUST_LOG", "warn")
             .env("IDEM_COUNT_SQL", if count_sql { "1" } else { "0" })
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
-        let stdout = child.stdout.take().expect("piped");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .map_err(|_| "idem serve did not start")??
-            .ok_or("idem serve exited")?;
-        let url = first
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .ok_or("unexpected output from idem serve")?
-            .to_owned();
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Coordinator { url, child })
+            .start(Duration::from_secs(60))
+            .await?;
+        Ok(Coordinator {
+            url: process.url().to_owned(),
+            process,
+        })
     }
 
-    pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 
-    /// Peak resident set (VmHWM) in MB.
+    /// Resident set now (VmRSS) in MB; 0 once the process is gone.
+    pub fn rss_mb(&self) -> f64 {
+        self.process
+            .memory_kib()
+            .map_or(0.0, |(rss, _)| rss as f64 / 1024.0)
+    }
+
+    /// Peak resident set (VmHWM) in MB; 0 once the process is gone.
     pub fn peak_rss_mb(&self) -> f64 {
-        proc_status_kb(self.pid(), "VmHWM:") as f64 / 1024.0
+        self.process
+            .memory_kib()
+            .map_or(0.0, |(_, peak)| peak as f64 / 1024.0)
     }
 
     /// CPU time used so far (user + system), in seconds.
     pub fn cpu_seconds(&self) -> f64 {
-        let Some(pid) = self.pid() else { return 0.0 };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return 0.0;
-        };
-        // Fields after the command name (which may contain spaces) in parentheses.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: f64 = [11, 12]
-            .iter()
-            .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
-            .sum();
-        ticks / 100.0
+        self.process.cpu_seconds().unwrap_or(0.0)
     }
 
     /// The coordinator's `/metrics` exposition now.
@@ -125,36 +104,17 @@ impl Coordinator {
 
     /// SIGTERM, then waits up to `within` for the process to exit; the time it took.
     pub(super) async fn terminate(&mut self, within: Duration) -> Result<Duration, Error> {
-        let pid = self.pid().ok_or("the coordinator has exited already")?;
-        let started = std::time::Instant::now();
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()?;
-        tokio::time::timeout(within, self.child.wait())
-            .await
-            .map_err(|_| format!("the coordinator did not exit within {within:?} of SIGTERM"))??;
-        Ok(started.elapsed())
+        Ok(self.process.terminate(within).await?)
     }
 
+    /// SIGKILL; returns once the process is gone.
     pub fn kill(&mut self) {
-        let _ = self.child.start_kill();
+        self.process.kill();
     }
 
     pub async fn stop(mut self) {
-        let _ = self.child.kill().await;
+        self.process.kill();
     }
-}
-
-pub(super) fn proc_status_kb(pid: Option<u32>, key: &str) -> u64 {
-    let Some(pid) = pid else { return 0 };
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
 }
 
 /// The value of one series in a Prometheus text exposition.

@@ -157,7 +157,6 @@ pub(super) async fn run_many_in_flight(config: &BenchConfig) -> Result<BenchResu
     };
     if recovery {
         coordinator.kill();
-        let _ = coordinator.child.wait().await;
         gate.held.store(false, std::sync::atomic::Ordering::SeqCst);
         gate.released.notify_waiters();
         let unfinished = store.count(None, &ACTIVE).await?;

@@ -45,9 +45,7 @@ pub async fn postgres(
     clients: usize,
     duration: Duration,
 ) -> Result<f64, Error> {
-    let db = TestDatabase::create(Backend::Postgres, "limit")
-        .await
-        .ok_or("IDEM_TEST_SKIP names postgres")?;
+    let db = TestDatabase::create(Backend::Postgres, "limit").await;
     let socket_url = super::local_socket(&db);
     let result = async {
         create_and_seed(&socket_url).await?;
@@ -260,9 +258,7 @@ pub async fn other(
 ) -> Result<f64, Error> {
     let (url, db, dir) = match backend {
         "mysql" => {
-            let db = TestDatabase::create(Backend::Mysql, "limit")
-                .await
-                .ok_or("IDEM_TEST_SKIP names mysql")?;
+            let db = TestDatabase::create(Backend::Mysql, "limit").await;
             (super::local_socket(&db), Some(db), None)
         }
         _ => {

@@ -77,7 +77,8 @@ impl Client {
             | Workload::Empty
             | Workload::Inflight
             | Workload::Recovery
-            | Workload::Soak => {
+            | Workload::Soak
+            | Workload::Bodies => {
                 let tx = self
                     .idem
                     .saga(gid)

@@ -6,7 +6,17 @@
 //! run global transactions back to back for a fixed time. A first, separate pass counts
 //! the SQL statements and commits of a few hundred transactions (sqlx reports each one;
 //! counting costs time, so the timed pass does not count).
+//!
+//! `coordinator` (the `idem serve` child, its RSS and CPU, SIGTERM), `load` (the clients of
+//! the timed workloads, spread over `--coordinators`, through `idem-client`), `inflight`
+//! (many in flight, lease renewals, recovery after SIGKILL), `soak`, `bodies` (requests of
+//! 1 MiB all at once, every answer and stored transaction checked), `limit` (the database
+//! alone with the same SQL: pgbench, or the scripts of `bench/limit/`), `phases` (the
+//! coordinator's timing histograms over the measured window), `deadlocks` (the server's
+//! deadlock count during the timed pass), `result` (results, tables, the medians of
+//! `--rounds`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +25,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use idem::metrics::SqlCounts;
-use idem_demo::{inventory, payment};
 use idem_participant::testing::{Backend, TestDatabase};
 
+use crate::participants::{DemoParticipants, Participant, Setup};
+
+mod bodies;
 mod coordinator;
 mod deadlocks;
 mod inflight;
@@ -27,6 +39,7 @@ pub mod phases;
 mod result;
 mod soak;
 
+pub use bodies::BodyFigures;
 pub use coordinator::Coordinator;
 pub use result::{BenchResult, SqlPerTx, medians};
 pub use soak::SoakFigures;
@@ -55,6 +68,9 @@ pub enum Workload {
     /// Sagas at `--rate` per second for `--duration` seconds, 1 % at a slow participant
     /// and 1 % at a failing one: the coordinator's memory over a long run.
     Soak,
+    /// `--clients` requests of about 1 MiB sent at once: the coordinator's peak memory,
+    /// every answer accounted for, every transaction stored whole or not at all.
+    Bodies,
 }
 
 #[derive(Clone, Debug)]
@@ -119,11 +135,7 @@ impl Databases {
         };
         let mut servers = Vec::new();
         for _ in 0..3 {
-            servers.push(
-                TestDatabase::create(kind, "bench")
-                    .await
-                    .ok_or("IDEM_TEST_SKIP names this backend")?,
-            );
+            servers.push(TestDatabase::create(kind, "bench").await);
         }
         Ok(Databases {
             coordinator: local_socket(&servers[0]),
@@ -147,48 +159,58 @@ impl Databases {
 pub(crate) const SKUS: usize = 1_000;
 pub(crate) const ACCOUNTS: usize = 1_000;
 
-/// The participants, in this process.
-struct Participants {
-    services: Vec<idem_demo::Service>,
-    urls: [String; 2],
+/// The participants, in this process: the demo's inventory and payment, or for the
+/// `empty` workload one service that answers at once and touches no database, so that
+/// what is left is the coordinator.
+enum Participants {
+    Demo(DemoParticipants),
+    Empty(idem_demo::Service),
 }
 
 impl Participants {
     async fn start(workload: Workload, dbs: &Databases) -> Result<Participants, Error> {
         if workload == Workload::Empty {
-            // Answers at once and touches no database: what is left is the coordinator.
             let router = axum::Router::new()
                 .fallback(|| async { axum::Json(json!({"dtm_result": "SUCCESS"})) });
-            let svc = idem_demo::spawn(router, "127.0.0.1:0").await?;
-            let url = svc.url("/empty");
-            return Ok(Participants {
-                services: vec![svc],
-                urls: [url.clone(), url],
-            });
+            return Ok(Participants::Empty(
+                idem_demo::spawn(router, "127.0.0.1:0").await?,
+            ));
         }
-        let inv = inventory::open(&dbs.inventory).await?;
-        let pay = payment::open(&dbs.payment).await?;
-        for i in 0..SKUS {
-            inventory::seed(&inv, &format!("sku-{i}"), 1_000_000_000).await?;
-        }
-        for i in 0..ACCOUNTS {
-            payment::seed(&pay, &format!("acct-{i}"), 1_000_000_000_000).await?;
-        }
-        let inv_svc = inventory::start(inv, "127.0.0.1:0").await?;
-        let pay_svc = payment::start(pay, "127.0.0.1:0").await?;
-        let urls = [
-            inv_svc.url(inventory::RESERVE_PATH),
-            pay_svc.url(payment::FREEZE_PATH),
-        ];
-        Ok(Participants {
-            services: vec![inv_svc, pay_svc],
-            urls,
+        let setup = Setup {
+            databases: BTreeMap::from([
+                (Participant::Inventory, dbs.inventory.clone()),
+                (Participant::Payment, dbs.payment.clone()),
+            ]),
+            stock: (0..SKUS)
+                .map(|i| (format!("sku-{i}"), 1_000_000_000))
+                .collect(),
+            accounts: (0..ACCOUNTS)
+                .map(|i| (format!("acct-{i}"), 1_000_000_000_000))
+                .collect(),
+            campaigns: Vec::new(),
+        };
+        Ok(Participants::Demo(
+            DemoParticipants::start(&setup, |_, routes| routes).await?,
+        ))
+    }
+
+    /// The branch URLs the load's transactions name: inventory's, then payment's.
+    fn urls(&self) -> Result<[String; 2], Error> {
+        Ok(match self {
+            Participants::Empty(service) => [service.url("/empty"), service.url("/empty")],
+            Participants::Demo(demo) => [
+                demo.url(Participant::Inventory)?.to_owned(),
+                demo.url(Participant::Payment)?.to_owned(),
+            ],
         })
     }
 
     async fn stop(self) {
-        for s in self.services {
-            let _ = s.stop().await;
+        match self {
+            Participants::Empty(service) => {
+                let _ = service.stop().await;
+            }
+            Participants::Demo(demo) => demo.stop().await,
         }
     }
 }
@@ -206,6 +228,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     match config.workload {
         Workload::Inflight | Workload::Recovery => return run_many_in_flight(config).await,
         Workload::Soak => return soak::run(config).await,
+        Workload::Bodies => return bodies::run(config).await,
         Workload::Tcc | Workload::Saga | Workload::Empty => {}
     }
     idem::transport::install_crypto_provider();
@@ -215,6 +238,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         .build()?;
     let dbs = Databases::create(&config.backend).await?;
     let participants = Participants::start(config.workload, &dbs).await?;
+    let participant_urls = participants.urls()?;
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
 
     // Pass 1: count the SQL of `count` transactions (a separate coordinator process, since
@@ -224,7 +248,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         let coordinator =
             Coordinator::start(&config.idem_bin, &dbs.coordinator, true, &config.serve_args)
                 .await?;
-        let client = Client::new(&coordinator.url, &http, &participants.urls, config.workload)?;
+        let client = Client::new(&coordinator.url, &http, &participant_urls, config.workload)?;
         idem::metrics::set_sql_counting(true);
         let before_here = idem::metrics::sql_counts();
         let before_there = coordinator.sql(&http).await?;
@@ -271,7 +295,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     }
     let clients = coordinators
         .iter()
-        .map(|c| Client::new(&c.url, &http, &participants.urls, config.workload).map(Arc::new))
+        .map(|c| Client::new(&c.url, &http, &participant_urls, config.workload).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
     let bar = config.progress.then(|| {
         let total = (config.warmup + config.duration).as_secs();

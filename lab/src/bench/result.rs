@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{inflight, phases, soak::SoakFigures};
+use super::{BodyFigures, inflight, phases, soak::SoakFigures};
 
 /// SQL per global transaction, counted.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
@@ -53,6 +53,8 @@ pub struct BenchResult {
     pub share_of_limit: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub soak: Option<SoakFigures>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bodies: Option<BodyFigures>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scale: Option<inflight::ScaleFigures>,
     /// Where the time went inside the coordinator during the measured window.
@@ -70,6 +72,9 @@ impl BenchResult {
     pub fn table(&self) -> String {
         if let Some(soak) = &self.soak {
             return soak.table(self);
+        }
+        if let Some(bodies) = &self.bodies {
+            return bodies.table(self);
         }
         if let Some(n) = self.in_flight {
             let mut out = format!(

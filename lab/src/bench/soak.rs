@@ -175,10 +175,6 @@ async fn one_saga(idem: idem_client::Client, base: String, gid: String, n: u64) 
     }
 }
 
-fn rss_mb(coordinator: &Coordinator) -> f64 {
-    super::coordinator::proc_status_kb(coordinator.pid(), "VmRSS:") as f64 / 1024.0
-}
-
 /// Runs the soak workload.
 pub(super) async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     if !(config.rate > 0.0 && config.rate <= 100_000.0) {
@@ -269,7 +265,7 @@ pub(super) async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
             }
             _ = sampler.tick() => {
                 let now = Instant::now();
-                let rss = rss_mb(&coordinator);
+                let rss = coordinator.rss_mb();
                 if now >= measure_from && cpu_at_start.is_none() {
                     cpu_at_start = Some(coordinator.cpu_seconds());
                     figures.rss_start_mb = rss;
@@ -290,7 +286,7 @@ pub(super) async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
             }
         }
     }
-    figures.rss_end_mb = rss_mb(&coordinator);
+    figures.rss_end_mb = coordinator.rss_mb();
     figures.rss_max_mb = figures.rss_max_mb.max(figures.rss_end_mb);
     let cpu = coordinator.cpu_seconds() - cpu_at_start.unwrap_or(0.0);
     if let Some(bar) = bar {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use idem::engine::Observer;
-use idem::transport::{HttpTransport, Transport};
+use idem::transport::Transport;
 
 use super::{BoxError, read_plan};
 use crate::faults::{CrashOnPlan, FaultyTransport, Timeline};
@@ -42,7 +42,7 @@ pub(super) async fn serve(args: LabServeArgs) -> Result<(), BoxError> {
         if let Some(t) = &timeline {
             observers.push(Arc::clone(t) as Arc<dyn Observer>);
         }
-        let mut transport: Arc<dyn Transport> = Arc::new(HttpTransport::for_server(&config)?);
+        let mut transport: Arc<dyn Transport> = Arc::new(config.transport()?);
         if let Some(plan) = &plan {
             observers.push(Arc::new(CrashOnPlan::new(
                 Arc::clone(plan),
@@ -51,7 +51,7 @@ pub(super) async fn serve(args: LabServeArgs) -> Result<(), BoxError> {
             )));
             transport = Arc::new(FaultyTransport::new(transport, Arc::clone(plan)));
         }
-        idem::server::start_with(config, transport, observers).await
+        Ok(idem::server::start_with(config, transport, observers).await?)
     })
     .await
 }

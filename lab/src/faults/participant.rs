@@ -83,6 +83,14 @@ impl ParticipantFaults {
         })
     }
 
+    /// `router` with these rules in front of it (the [`participant_faults`] middleware).
+    pub fn layer(self: &Arc<Self>, router: axum::Router) -> axum::Router {
+        router.layer(axum::middleware::from_fn_with_state(
+            Arc::clone(self),
+            participant_faults,
+        ))
+    }
+
     /// Every call seen so far, in arrival order of their answers.
     pub fn deliveries(&self) -> Vec<Delivery> {
         self.deliveries.lock().expect("poisoned").clone()
@@ -114,8 +122,8 @@ struct CallParams {
     op: String,
 }
 
-/// axum middleware applying the participant-side rules of a plan:
-/// `router.layer(axum::middleware::from_fn_with_state(faults, participant_faults))`.
+/// axum middleware applying the participant-side rules of a plan (see
+/// [`ParticipantFaults::layer`]).
 pub async fn participant_faults(
     State(faults): State<Arc<ParticipantFaults>>,
     request: Request,

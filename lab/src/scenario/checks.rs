@@ -25,12 +25,12 @@ pub(super) async fn collect(
     participants: &Participants,
     report: &mut Report,
 ) -> Result<(), Error> {
-    for s in inventory::all_stock(&participants.inventory).await? {
+    for s in inventory::all_stock(participants.pool(Participant::Inventory)?).await? {
         report
             .stock
             .insert(s.sku.clone(), [s.available, s.reserved, s.sold]);
     }
-    for b in payment::balances(&participants.payment).await? {
+    for b in payment::balances(participants.pool(Participant::Payment)?).await? {
         report.balances.insert(b.account.clone(), b.balance);
         if b.frozen != 0 && report.statuses.values().all(|s| s.is_terminal()) {
             report.violations.push(format!(
@@ -53,7 +53,7 @@ pub(super) async fn collect(
         .filter_map(|b| b.payload["user"].as_str().map(str::to_owned))
         .collect();
     for user in users {
-        let issued = coupon::coupons_of(&participants.coupon, &user)
+        let issued = coupon::coupons_of(participants.pool(Participant::Coupon)?, &user)
             .await?
             .iter()
             .filter(|c| c.status == "issued")
@@ -82,15 +82,21 @@ async fn check_order(
         let id = super::branch_id(i);
         let gid = &order.gid;
         let state = match branch.participant {
-            Participant::Inventory => inventory::reservation(&participants.inventory, gid, &id)
-                .await?
-                .map(|r| r.status),
-            Participant::Payment => payment::ledger_entry(&participants.payment, gid, &id)
-                .await?
-                .map(|l| l.status),
-            Participant::Coupon => coupon::coupon_of_branch(&participants.coupon, gid, &id)
-                .await?
-                .map(|c| c.status),
+            Participant::Inventory => {
+                inventory::reservation(participants.pool(Participant::Inventory)?, gid, &id)
+                    .await?
+                    .map(|r| r.status)
+            }
+            Participant::Payment => {
+                payment::ledger_entry(participants.pool(Participant::Payment)?, gid, &id)
+                    .await?
+                    .map(|l| l.status)
+            }
+            Participant::Coupon => {
+                coupon::coupon_of_branch(participants.pool(Participant::Coupon)?, gid, &id)
+                    .await?
+                    .map(|c| c.status)
+            }
         };
         let allowed: &[Option<&str>] = match (order.kind, branch.participant, ok) {
             (Kind::Saga, Participant::Inventory, true) => &[Some("sold")],

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use idem_participant::testing::{IdemProcess, IdemServe};
+
 use super::calls::CoordinatorProcess;
 use super::{Error, RunConfig, Scenario, Settings};
 use crate::faults::{CrashAction, FaultPlan, Timeline, TimelineEvent};
@@ -46,15 +48,10 @@ fn clock_offset(settings: &Settings, i: usize, n: usize) -> Option<i64> {
 }
 
 impl Launch {
-    /// `idem serve`'s arguments.
-    fn args(&self) -> Vec<OsString> {
+    /// How `idem serve` is started for this coordinator.
+    fn command(&self) -> IdemServe {
         let s = &self.settings;
         let mut args: Vec<OsString> = [
-            "serve",
-            "--database-url",
-            &self.db,
-            "--listen",
-            "127.0.0.1:0",
             "--node",
             &self.node,
             "--lease-ms",
@@ -91,44 +88,21 @@ impl Launch {
         if let Some(ms) = s.database_call_timeout_ms {
             args.extend(["--database-call-timeout-ms".into(), ms.to_string().into()]);
         }
-        args
-    }
-
-    async fn spawn(&self) -> Result<(tokio::process::Child, String), Error> {
-        use tokio::io::AsyncBufReadExt;
-        std::fs::write(&self.plan_file, serde_json::to_string_pretty(&self.plan)?)?;
-        let mut child = tokio::process::Command::new(&self.bin)
-            .args(self.args())
+        IdemServe::new(&self.bin, &self.db)
+            .args(args)
             // IDEM_LAB_COORDINATOR_LOG: the coordinators' log filter when a run must be
             // read afterwards (errors only by default, to keep the files short); the log
-            // goes to `c<i>.log` in the work directory.
+            // goes to `c<i>.log` in the work directory, appended to by every restart.
             .env(
                 "RUST_LOG",
                 std::env::var("IDEM_LAB_COORDINATOR_LOG").unwrap_or_else(|_| "error".into()),
             )
-            .stdout(std::process::Stdio::piped())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&self.log)?,
-            )
-            .kill_on_drop(true)
-            .spawn()?;
-        let stdout = child.stdout.take().expect("piped");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .map_err(|_| "idem serve did not start in 30 s")??
-            .ok_or("idem serve exited before listening")?;
-        let url = first
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .ok_or_else(|| format!("unexpected first line from idem serve: {first}"))?
-            .to_owned();
-        // Keep reading so the child never writes into a closed pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok((child, url))
+            .log_to(&self.log, true)
+    }
+
+    async fn spawn(&self) -> Result<IdemProcess, Error> {
+        std::fs::write(&self.plan_file, serde_json::to_string_pretty(&self.plan)?)?;
+        Ok(self.command().start(Duration::from_secs(30)).await?)
     }
 
     /// The crash rules that already fired for this node leave the plan, so a restarted
@@ -185,21 +159,21 @@ impl Coordinators {
                 settings: scenario.settings.clone(),
                 clock_offset_ms: clock_offset(&scenario.settings, i, n),
             };
-            let (mut child, url) = launch.spawn().await?;
-            urls.write().expect("poisoned")[i] = url;
-            pids.write().expect("poisoned")[i] = child.id();
-            let started = move |processes: &Mutex<Vec<CoordinatorProcess>>, pid: Option<u32>| {
+            let mut child = launch.spawn().await?;
+            urls.write().expect("poisoned")[i] = child.url().to_owned();
+            pids.write().expect("poisoned")[i] = Some(child.pid());
+            let started = move |processes: &Mutex<Vec<CoordinatorProcess>>, pid: u32| {
                 processes
                     .lock()
                     .expect("poisoned")
                     .push(CoordinatorProcess {
                         node: format!("c{i}"),
-                        pid: pid.unwrap_or_default(),
+                        pid,
                         started_at: crate::faults::now(),
                         ended_at: None,
                     });
             };
-            started(&processes, child.id());
+            started(&processes, child.pid());
             let (urls, pids, restarts, stopping, processes) = (
                 Arc::clone(&urls),
                 Arc::clone(&pids),
@@ -209,9 +183,8 @@ impl Coordinators {
             );
             tasks.push(tokio::spawn(async move {
                 loop {
-                    let pid = child.id();
                     let _ = child.wait().await;
-                    ended(&processes, pid);
+                    ended(&processes, child.pid());
                     // A dead child's pid may be handed to another process: never signal it.
                     pids.write().expect("poisoned")[i] = None;
                     if stopping.load(Ordering::SeqCst) {
@@ -222,10 +195,10 @@ impl Coordinators {
                     let deadline = tokio::time::Instant::now() + RESTART_PATIENCE;
                     child = loop {
                         match launch.spawn().await {
-                            Ok((c, url)) => {
-                                started(&processes, c.id());
-                                pids.write().expect("poisoned")[i] = c.id();
-                                urls.write().expect("poisoned")[i] = url;
+                            Ok(c) => {
+                                started(&processes, c.pid());
+                                pids.write().expect("poisoned")[i] = Some(c.pid());
+                                urls.write().expect("poisoned")[i] = c.url().to_owned();
                                 if stopping.load(Ordering::SeqCst) {
                                     // The run ended while it started: dropping it kills it.
                                     return;
@@ -290,13 +263,13 @@ impl Coordinators {
 }
 
 /// Notes that the process `pid` was seen to end.
-fn ended(processes: &Mutex<Vec<CoordinatorProcess>>, pid: Option<u32>) {
+fn ended(processes: &Mutex<Vec<CoordinatorProcess>>, pid: u32) {
     let now = crate::faults::now();
     let mut processes = processes.lock().expect("poisoned");
     if let Some(p) = processes
         .iter_mut()
         .rev()
-        .find(|p| Some(p.pid) == pid && p.ended_at.is_none())
+        .find(|p| p.pid == pid && p.ended_at.is_none())
     {
         p.ended_at = Some(now);
     }
@@ -321,7 +294,8 @@ mod tests {
     }
 
     fn args(l: &Launch) -> Vec<String> {
-        l.args()
+        l.command()
+            .arg_list()
             .into_iter()
             .map(|a| a.into_string().unwrap())
             .collect()
@@ -329,7 +303,7 @@ mod tests {
 
     /// What `--skewed-clock-ms` makes of the coordinators' command lines. (`idem serve`
     /// learns `--test-clock-offset-ms` on another branch; the run with it is
-    /// `tests/chaos.rs`, which waits for the flag to exist.)
+    /// `tests/it/chaos.rs`, which waits for the flag to exist.)
     #[test]
     fn the_last_coordinator_gets_the_clock_offset() {
         let skewed = Settings {

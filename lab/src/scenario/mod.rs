@@ -12,8 +12,13 @@
 //! or freeze, slow down or cut the coordinators' links to it (`db_link`), while it reads
 //! the coordinators' rows on the side (`sampler`) to catch any that goes back.
 //!
-//! Used by `lab/tests/scenarios.rs` (the files in `lab/tests/scenarios/`), `idem-lab replay` and
-//! `idem-lab chaos`.
+//! Beside those: `client` (the application and the operator), `coordinators` (the children
+//! and their supervisor), `participants`, `outage` (long participant outages), `checks`
+//! (the invariants; `calls` and `rows` those over the calls and the rows recorded),
+//! `report`, and `chaos` with `chaos_links` (the chaos run and its database-link faults).
+//!
+//! Used by `lab/tests/it/scenarios.rs` (the files in `lab/tests/scenarios/`), `idem-lab
+//! replay` and `idem-lab chaos`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -154,13 +159,7 @@ impl Default for Settings {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Participant {
-    Inventory,
-    Payment,
-    Coupon,
-}
+pub use crate::participants::Participant;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -341,7 +340,7 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     let sampler = Sampler::start(&config.coordinator_db).await?;
     let client = Arc::new(Client::new(
         Arc::clone(&coordinators),
-        participants.urls.clone(),
+        participants.urls().clone(),
         scenario.settings.clone(),
     ));
 
@@ -466,7 +465,7 @@ pub async fn run(scenario: &Scenario, config: &RunConfig) -> Result<Report, Erro
     report.deliveries = participants.faults.deliveries();
     outages.record(&mut report);
     if !report.db_restarts.is_empty() {
-        participants.reconnect(config).await?;
+        participants.reconnect().await?;
     }
     checks::collect(scenario, &participants, &mut report).await?;
     checks::check(scenario, &mut report);

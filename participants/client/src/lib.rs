@@ -40,6 +40,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+mod backoff;
 mod builders;
 mod error;
 mod raw;
@@ -55,15 +56,18 @@ pub use raw::Raw;
 pub use reqwest::Url;
 
 /// How the client retries its own requests: only failures after which the request may or
-/// may not have been applied (no answer, `503 unavailable`), and always with the same
-/// gid, so a repeat is absorbed by the coordinator.
+/// may not have been applied (no answer, `503 unavailable`) or that were refused before
+/// being read (`429`), and always with the same gid, so a repeat is absorbed by the
+/// coordinator. Waits are jittered (between half the backoff and all of it) and never
+/// shorter than a `Retry-After` the coordinator sent; one longer than `max_delay` ends the
+/// retries.
 #[derive(Clone, Copy, Debug)]
 pub struct RetryPolicy {
     /// Tries in all, the first included (1: no retry).
     pub attempts: u32,
-    /// Delay before the first retry; doubled after each, up to `max_delay`.
+    /// Backoff before the first retry; doubled after each, up to `max_delay`.
     pub first_delay: Duration,
-    /// Cap on the delay.
+    /// Cap on the backoff, and on the `Retry-After` the client is willing to wait.
     pub max_delay: Duration,
 }
 
@@ -191,6 +195,16 @@ impl Client {
             .pop_if_empty()
             .extend(["api", "v1", "transactions"])
             .extend(segments);
+        url
+    }
+
+    /// `<base>/api/v1/bulk`: an operator's action on the transactions a filter selects.
+    pub fn bulk_url(&self) -> Url {
+        let mut url = self.root.clone();
+        url.path_segments_mut()
+            .expect("checked to be a base URL")
+            .pop_if_empty()
+            .extend(["api", "v1", "bulk"]);
         url
     }
 
@@ -375,14 +389,19 @@ impl Client {
         let mut tries = 0;
         loop {
             tries += 1;
-            let result = self.send_once(method.clone(), url.clone(), body).await;
-            match result {
-                Err(e) if e.may_succeed_on_retry() && tries < self.retry.attempts.max(1) => {
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(self.retry.max_delay);
-                }
-                other => return other,
+            let (error, asked) = match self.send_once(method.clone(), url.clone(), body).await {
+                Ok(answer) => return Ok(answer),
+                Err(refused) => refused,
+            };
+            if !error.may_succeed_on_retry() || tries >= self.retry.attempts.max(1) {
+                return Err(error);
             }
+            let jitter = rand::random::<f64>();
+            let Some(wait) = backoff::next_wait(delay, asked, self.retry.max_delay, jitter) else {
+                return Err(error);
+            };
+            tokio::time::sleep(wait).await;
+            delay = (delay * 2).min(self.retry.max_delay);
         }
     }
 
@@ -391,7 +410,7 @@ impl Client {
         method: reqwest::Method,
         url: Url,
         body: Option<&Value>,
-    ) -> Result<(u16, String), Error> {
+    ) -> Result<(u16, String), (Error, Option<Duration>)> {
         let mut request = self.http.request(method, url);
         if let Some(body) = body {
             request = request.json(body);
@@ -399,14 +418,15 @@ impl Client {
         let answer = request
             .send()
             .await
-            .map_err(|e| Error::Transport(TransportError::of(&e, None)))?;
+            .map_err(|e| (Error::Transport(TransportError::of(&e, None)), None))?;
         let status = answer.status().as_u16();
+        let asked = backoff::retry_after(answer.headers());
         let text = answer
             .text()
             .await
-            .map_err(|e| Error::Transport(TransportError::of(&e, Some(status))))?;
+            .map_err(|e| (Error::Transport(TransportError::of(&e, Some(status))), None))?;
         if !(200..300).contains(&status) {
-            return Err(Error::from_answer(status, &text));
+            return Err((Error::from_answer(status, &text), asked));
         }
         Ok((status, text))
     }

@@ -52,4 +52,10 @@ impl<'a> Raw<'a> {
             .operate(gid, Operation::ForceStop, Some(reason), false)
             .await
     }
+
+    /// `POST /api/v1/bulk`: an operator's retry, force-stop or abort of the transactions
+    /// `request` selects (see docs/api.md); each one's outcome in the answer.
+    pub async fn bulk(&self, request: &Value) -> Result<Value, Error> {
+        self.client.post(self.client.bulk_url(), request).await
+    }
 }

@@ -8,6 +8,7 @@ CREATE TABLE IF NOT EXISTS inventory_stock (
 -- One row per TCC branch that reserved stock: what Confirm and Cancel act on, and what an
 -- auditor reads. status: reserved -> confirmed | cancelled (TCC); sold -> returned (saga).
 CREATE TABLE IF NOT EXISTS inventory_reservations (
+    tenant VARCHAR(32) NOT NULL DEFAULT 'default',
     gid VARCHAR(128) NOT NULL,
     branch_id VARCHAR(128) NOT NULL,
     sku VARCHAR(64) NOT NULL,
@@ -15,5 +16,5 @@ CREATE TABLE IF NOT EXISTS inventory_reservations (
     status VARCHAR(16) NOT NULL,
     created_at TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP,
     updated_at TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    PRIMARY KEY (gid, branch_id)
+    PRIMARY KEY (tenant, gid, branch_id)
 );

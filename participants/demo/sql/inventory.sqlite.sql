@@ -8,6 +8,7 @@ CREATE TABLE IF NOT EXISTS inventory_stock (
 -- One row per TCC branch that reserved stock: what Confirm and Cancel act on, and what an
 -- auditor reads. status: reserved -> confirmed | cancelled (TCC); sold -> returned (saga).
 CREATE TABLE IF NOT EXISTS inventory_reservations (
+    tenant TEXT NOT NULL DEFAULT 'default',
     gid TEXT NOT NULL,
     branch_id TEXT NOT NULL,
     sku TEXT NOT NULL,
@@ -15,5 +16,5 @@ CREATE TABLE IF NOT EXISTS inventory_reservations (
     status TEXT NOT NULL,
     created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP,
     updated_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    PRIMARY KEY (gid, branch_id)
+    PRIMARY KEY (tenant, gid, branch_id)
 );

@@ -8,6 +8,7 @@ CREATE TABLE IF NOT EXISTS payment_accounts (
 -- One row per branch that moved money. status: frozen -> debited | released (TCC);
 -- debited -> refunded (saga).
 CREATE TABLE IF NOT EXISTS payment_ledger (
+    tenant VARCHAR(32) NOT NULL DEFAULT 'default',
     gid VARCHAR(128) NOT NULL,
     branch_id VARCHAR(128) NOT NULL,
     account VARCHAR(64) NOT NULL,
@@ -15,5 +16,5 @@ CREATE TABLE IF NOT EXISTS payment_ledger (
     status VARCHAR(16) NOT NULL,
     created_at DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP,
     updated_at DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    PRIMARY KEY (gid, branch_id)
+    PRIMARY KEY (tenant, gid, branch_id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

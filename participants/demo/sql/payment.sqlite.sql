@@ -8,6 +8,7 @@ CREATE TABLE IF NOT EXISTS payment_accounts (
 -- One row per branch that moved money. status: frozen -> debited | released (TCC);
 -- debited -> refunded (saga).
 CREATE TABLE IF NOT EXISTS payment_ledger (
+    tenant TEXT NOT NULL DEFAULT 'default',
     gid TEXT NOT NULL,
     branch_id TEXT NOT NULL,
     account TEXT NOT NULL,
@@ -15,5 +16,5 @@ CREATE TABLE IF NOT EXISTS payment_ledger (
     status TEXT NOT NULL,
     created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP,
     updated_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    PRIMARY KEY (gid, branch_id)
+    PRIMARY KEY (tenant, gid, branch_id)
 );

@@ -1,9 +1,10 @@
 //! Coupon: a saga participant that issues a coupon.
 //!
 //! * action: takes one coupon from the campaign (`remaining -= 1`, 409 when the campaign is
-//!   unknown or used up) and issues it to the user: a coupon row keyed by (gid, branch_id),
-//!   with a fresh coupon id.
-//! * compensate: revokes *that* coupon row (found by gid and branch id, not by payload) and
+//!   unknown or used up) and issues it to the user: a coupon row keyed by (tenant, gid,
+//!   branch_id), with a fresh coupon id.
+//! * compensate: revokes *that* coupon row (found by tenant, gid and branch id, not by
+//!   payload) and
 //!   returns it to the campaign. It never issues, deletes or revokes any other coupon, and
 //!   does nothing when the action never ran.
 //!
@@ -19,7 +20,9 @@ use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use idem_participant::signature::Verifier;
-use idem_participant::{BranchCall, Dialect, LeanPool, Op, ParticipantError, StepTx};
+use idem_participant::{
+    BranchCall, DEFAULT_TENANT, Dialect, LeanPool, Op, ParticipantError, StepTx,
+};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
 
@@ -135,14 +138,27 @@ pub async fn coupons_of(pool: &AnyPool, user: &str) -> Result<Vec<Coupon>, sqlx:
     rows.iter().map(coupon_from).collect()
 }
 
-/// The coupon one saga branch issued, if its action ran.
+/// The coupon one saga branch of the default tenant issued, if its action ran.
 pub async fn coupon_of_branch(
     pool: &AnyPool,
     gid: &str,
     branch_id: &str,
 ) -> Result<Option<Coupon>, sqlx::Error> {
-    let sql = format!("SELECT {COUPON_COLUMNS} FROM coupons WHERE gid = ? AND branch_id = ?");
+    coupon_of_branch_in(pool, DEFAULT_TENANT, gid, branch_id).await
+}
+
+/// The coupon one saga branch of `tenant`'s transaction `gid` issued, if its action ran.
+pub async fn coupon_of_branch_in(
+    pool: &AnyPool,
+    tenant: &str,
+    gid: &str,
+    branch_id: &str,
+) -> Result<Option<Coupon>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {COUPON_COLUMNS} FROM coupons WHERE tenant = ? AND gid = ? AND branch_id = ?"
+    );
     let row = sqlx::query(dialect_of(pool).sql(&sql))
+        .bind(tenant)
         .bind(gid)
         .bind(branch_id)
         .fetch_optional(pool)
@@ -247,16 +263,18 @@ async fn issue_coupon(
     }
     let coupon = Coupon {
         coupon_id: format!("CPN-{}", uuid::Uuid::new_v4().simple()),
-        gid: tx.gid().to_owned(),
-        branch_id: tx.branch_id().to_owned(),
+        gid: tx.call().gid().to_owned(),
+        branch_id: tx.call().branch_id().to_owned(),
         user: req.user.clone(),
         code: req.coupon.clone(),
         status: "issued".into(),
     };
     sqlx::query(tx.sql(
-        "INSERT INTO coupons (coupon_id, gid, branch_id, user_id, code, status) VALUES (?, ?, ?, ?, ?, 'issued')",
+        "INSERT INTO coupons (coupon_id, tenant, gid, branch_id, user_id, code, status) \
+         VALUES (?, ?, ?, ?, ?, ?, 'issued')",
     ))
     .bind(coupon.coupon_id.as_str())
+    .bind(tx.call().tenant())
     .bind(coupon.gid.as_str())
     .bind(coupon.branch_id.as_str())
     .bind(coupon.user.as_str())
@@ -271,17 +289,21 @@ async fn issue_coupon(
 async fn revoke(tx: &StepTx<'_, Any>) -> Result<Coupon, ParticipantError> {
     let changed = sqlx::query(tx.sql(
         "UPDATE coupons SET status = 'revoked', updated_at = CURRENT_TIMESTAMP \
-         WHERE gid = ? AND branch_id = ? AND status = 'issued'",
+         WHERE tenant = ? AND gid = ? AND branch_id = ? AND status = 'issued'",
     ))
-    .bind(tx.gid())
-    .bind(tx.branch_id())
+    .bind(tx.call().tenant())
+    .bind(tx.call().gid())
+    .bind(tx.call().branch_id())
     .execute(&mut *tx.conn())
     .await?
     .rows_affected();
-    let sql = format!("SELECT {COUPON_COLUMNS} FROM coupons WHERE gid = ? AND branch_id = ?");
+    let sql = format!(
+        "SELECT {COUPON_COLUMNS} FROM coupons WHERE tenant = ? AND gid = ? AND branch_id = ?"
+    );
     let row = sqlx::query(tx.sql(&sql))
-        .bind(tx.gid())
-        .bind(tx.branch_id())
+        .bind(tx.call().tenant())
+        .bind(tx.call().gid())
+        .bind(tx.call().branch_id())
         .fetch_optional(&mut *tx.conn())
         .await?;
     let coupon = match row.as_ref().map(coupon_from).transpose()? {
@@ -295,8 +317,8 @@ async fn revoke(tx: &StepTx<'_, Any>) -> Result<Coupon, ParticipantError> {
         None => {
             return Err(ParticipantError::internal(format!(
                 "no coupon for {}/{} although its action ran",
-                tx.gid(),
-                tx.branch_id()
+                tx.call().gid(),
+                tx.call().branch_id()
             )));
         }
     };

@@ -1,7 +1,8 @@
 //! Inventory: a TCC participant that reserves stock.
 //!
 //! * Try: `available -= n, reserved += n`, only if `available >= n` (else 409), and a
-//!   reservation row keyed by (gid, branch_id).
+//!   reservation row keyed by (tenant, gid, branch_id): one inventory serves several
+//!   tenants of the coordinator, each of which may use the same gid.
 //! * Confirm: `reserved -= n, sold += n` for that reservation. The barrier runs it only after
 //!   the Try executed and committed; a Confirm that gets there first is refused as retryable
 //!   (503, `confirm_without_try`) and the coordinator retries it.
@@ -19,15 +20,17 @@ use std::io;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use idem_participant::signature::Verifier;
-use idem_participant::{BranchCall, Dialect, LeanPool, Op, ParticipantError, StepTx};
+use idem_participant::{
+    BranchCall, DEFAULT_TENANT, Dialect, LeanPool, Op, ParticipantError, StepTx,
+};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
 
-use crate::{QueryError, Service, StepResponse, dialect_of, err_response, parse_payload};
+use crate::{OfTenant, QueryError, Service, StepResponse, dialect_of, err_response, parse_payload};
 
 /// The TCC branch URL (path) for try, confirm and cancel.
 pub const RESERVE_PATH: &str = "/inventory/reserve";
@@ -172,16 +175,28 @@ fn reservation_from(row: &sqlx::any::AnyRow) -> Result<Reservation, sqlx::Error>
 
 const RESERVATION_COLUMNS: &str = "gid, branch_id, sku, quantity, status";
 
-/// The reservation of one branch, if its Try ran.
+/// The reservation of one branch of the default tenant, if its Try ran.
 pub async fn reservation(
     pool: &AnyPool,
     gid: &str,
     branch_id: &str,
 ) -> Result<Option<Reservation>, sqlx::Error> {
+    reservation_in(pool, DEFAULT_TENANT, gid, branch_id).await
+}
+
+/// The reservation of one branch of `tenant`'s transaction `gid`, if its Try ran.
+pub async fn reservation_in(
+    pool: &AnyPool,
+    tenant: &str,
+    gid: &str,
+    branch_id: &str,
+) -> Result<Option<Reservation>, sqlx::Error> {
     let sql = format!(
-        "SELECT {RESERVATION_COLUMNS} FROM inventory_reservations WHERE gid = ? AND branch_id = ?"
+        "SELECT {RESERVATION_COLUMNS} FROM inventory_reservations \
+         WHERE tenant = ? AND gid = ? AND branch_id = ?"
     );
     let row = sqlx::query(dialect_of(pool).sql(&sql))
+        .bind(tenant)
         .bind(gid)
         .bind(branch_id)
         .fetch_optional(pool)
@@ -189,12 +204,18 @@ pub async fn reservation(
     row.as_ref().map(reservation_from).transpose()
 }
 
-/// All reservations of one global transaction.
-pub async fn reservations(pool: &AnyPool, gid: &str) -> Result<Vec<Reservation>, sqlx::Error> {
+/// All reservations of `tenant`'s global transaction `gid`.
+pub async fn reservations(
+    pool: &AnyPool,
+    tenant: &str,
+    gid: &str,
+) -> Result<Vec<Reservation>, sqlx::Error> {
     let sql = format!(
-        "SELECT {RESERVATION_COLUMNS} FROM inventory_reservations WHERE gid = ? ORDER BY branch_id"
+        "SELECT {RESERVATION_COLUMNS} FROM inventory_reservations WHERE tenant = ? AND gid = ? \
+         ORDER BY branch_id"
     );
     let rows = sqlx::query(dialect_of(pool).sql(&sql))
+        .bind(tenant)
         .bind(gid)
         .fetch_all(pool)
         .await?;
@@ -291,7 +312,7 @@ async fn step(pool: &LeanPool<Any>, call: &BranchCall, body: &[u8]) -> StepRespo
 /// TCC Try reserves (`available` to `reserved`); a saga action sells at once (`available`
 /// to `sold`, status `sold`), since a saga has no second phase to confirm it.
 async fn take(tx: &StepTx<'_, Any>, req: &ReserveRequest) -> Result<Reservation, ParticipantError> {
-    let saga = tx.op() == Op::Action;
+    let saga = tx.call().op() == Op::Action;
     let (column, status) = if saga {
         ("sold", "sold")
     } else {
@@ -326,18 +347,20 @@ async fn take(tx: &StepTx<'_, Any>, req: &ReserveRequest) -> Result<Reservation,
         }));
     }
     sqlx::query(tx.sql(
-        "INSERT INTO inventory_reservations (gid, branch_id, sku, quantity, status) VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO inventory_reservations (tenant, gid, branch_id, sku, quantity, status) \
+         VALUES (?, ?, ?, ?, ?, ?)",
     ))
-    .bind(tx.gid())
-    .bind(tx.branch_id())
+    .bind(tx.call().tenant())
+    .bind(tx.call().gid())
+    .bind(tx.call().branch_id())
     .bind(req.sku.as_str())
     .bind(req.quantity)
     .bind(status)
     .execute(&mut *tx.conn())
     .await?;
     Ok(Reservation {
-        gid: tx.gid().to_owned(),
-        branch_id: tx.branch_id().to_owned(),
+        gid: tx.call().gid().to_owned(),
+        branch_id: tx.call().branch_id().to_owned(),
         sku: req.sku.clone(),
         quantity: req.quantity,
         status: status.into(),
@@ -354,21 +377,24 @@ async fn settle(
 ) -> Result<Reservation, ParticipantError> {
     let changed = sqlx::query(tx.sql(
         "UPDATE inventory_reservations SET status = ?, updated_at = CURRENT_TIMESTAMP \
-         WHERE gid = ? AND branch_id = ? AND status = ?",
+         WHERE tenant = ? AND gid = ? AND branch_id = ? AND status = ?",
     ))
     .bind(to)
-    .bind(tx.gid())
-    .bind(tx.branch_id())
+    .bind(tx.call().tenant())
+    .bind(tx.call().gid())
+    .bind(tx.call().branch_id())
     .bind(from)
     .execute(&mut *tx.conn())
     .await?
     .rows_affected();
     let sql = format!(
-        "SELECT {RESERVATION_COLUMNS} FROM inventory_reservations WHERE gid = ? AND branch_id = ?"
+        "SELECT {RESERVATION_COLUMNS} FROM inventory_reservations \
+         WHERE tenant = ? AND gid = ? AND branch_id = ?"
     );
     let row = sqlx::query(tx.sql(&sql))
-        .bind(tx.gid())
-        .bind(tx.branch_id())
+        .bind(tx.call().tenant())
+        .bind(tx.call().gid())
+        .bind(tx.call().branch_id())
         .fetch_optional(&mut *tx.conn())
         .await?;
     let reservation = row.as_ref().map(reservation_from).transpose()?;
@@ -381,15 +407,15 @@ async fn settle(
         // protocol violation (a Cancel after the Confirm) or a data error worth an alarm.
         Some(r) => Err(ParticipantError::internal(format!(
             "cannot {} reservation {}/{}: it is already {}",
-            tx.op(),
+            tx.call().op(),
             r.gid,
             r.branch_id,
             r.status
         ))),
         None => Err(ParticipantError::internal(format!(
             "no reservation for {}/{} although its Try ran",
-            tx.gid(),
-            tx.branch_id()
+            tx.call().gid(),
+            tx.call().branch_id()
         ))),
     }
 }
@@ -449,8 +475,9 @@ async fn get_all_stock(State(pool): State<AnyPool>) -> Result<impl IntoResponse,
 async fn get_reservation(
     State(pool): State<AnyPool>,
     Path((gid, branch_id)): Path<(String, String)>,
+    Query(of): Query<OfTenant>,
 ) -> Result<impl IntoResponse, QueryError> {
-    match reservation(&pool, &gid, &branch_id).await? {
+    match reservation_in(&pool, of.tenant(), &gid, &branch_id).await? {
         Some(r) => Ok(axum::Json(r)),
         None => Err(QueryError::NotFound(format!(
             "no reservation for {gid}/{branch_id}"

@@ -186,6 +186,21 @@ pub fn dialect_of(pool: &AnyPool) -> Dialect {
         .expect("an AnyPool URL of a supported backend")
 }
 
+/// `?tenant=` on a query route that shows one branch's ledger row: the ledgers key by
+/// (tenant, gid, branch), like the barrier; without it, the default tenant's row.
+#[derive(serde::Deserialize)]
+pub(crate) struct OfTenant {
+    tenant: Option<String>,
+}
+
+impl OfTenant {
+    pub(crate) fn tenant(&self) -> &str {
+        self.tenant
+            .as_deref()
+            .unwrap_or(idem_participant::DEFAULT_TENANT)
+    }
+}
+
 /// The answer of a read-only query endpoint.
 pub(crate) enum QueryError {
     NotFound(String),

@@ -10,7 +10,7 @@
 mod order_cli;
 
 use clap::{Args, Parser, Subcommand};
-use idem_demo::idem_participant::signature::{Keys, Verifier};
+use idem_demo::idem_participant::signature::{Keyring, Verifier};
 use idem_demo::{coupon, inventory, payment};
 
 #[derive(Parser)]
@@ -50,9 +50,10 @@ struct Common {
     /// Initial data, `key=number`, repeatable.
     #[arg(long, value_parser = parse_seed)]
     seed: Vec<(String, i64)>,
-    /// Accept only branch calls signed by idem with one of these keys (`kid:secret`
-    /// lines, the same file as `idem serve --signing-secret-file`); a call without a valid
-    /// signature gets 401. Not given: calls are not checked.
+    /// Accept only branch calls signed by idem (v2) with one of these keys: `kid:secret`
+    /// or `kid:ed25519-pub:<hex>` lines and `[tenant NAME]` sections, what `idem signing
+    /// public` prints for `idem serve --signing-secret-file`'s file; reread every minute.
+    /// A call without a valid signature gets 401. Not given: calls are not checked.
     #[arg(long, env = "IDEM_DEMO_SIGNING_SECRET_FILE", value_name = "PATH")]
     signing_secret_file: Option<std::path::PathBuf>,
 }
@@ -121,7 +122,11 @@ async fn serve_participant(
         }
     }
     let verifier = match &args.signing_secret_file {
-        Some(path) => Some(Verifier::new(Keys::from_file(path)?)),
+        Some(path) => {
+            let verifier = Verifier::new(Keyring::from_file(path)?);
+            verifier.reload_every(path.clone(), std::time::Duration::from_secs(60));
+            Some(verifier)
+        }
         None => None,
     };
     let signed = verifier.is_some();

@@ -1,7 +1,7 @@
 //! Payment: a TCC participant that freezes money.
 //!
 //! * Try: `frozen += amount`, only if `balance - frozen >= amount` (else 409): the available
-//!   balance never goes negative. A ledger row keyed by (gid, branch_id) records it.
+//!   balance never goes negative. A ledger row keyed by (tenant, gid, branch_id) records it.
 //! * Confirm: `balance -= amount, frozen -= amount` for that ledger row, only after the Try
 //!   executed and committed (an earlier Confirm is refused as retryable by the barrier).
 //! * Cancel: `frozen -= amount` for that ledger row; nothing when the Try never ran (an
@@ -14,15 +14,17 @@ use std::io;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use idem_participant::signature::Verifier;
-use idem_participant::{BranchCall, Dialect, LeanPool, Op, ParticipantError, StepTx};
+use idem_participant::{
+    BranchCall, DEFAULT_TENANT, Dialect, LeanPool, Op, ParticipantError, StepTx,
+};
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, AnyPool, Row};
 
-use crate::{QueryError, Service, StepResponse, dialect_of, err_response, parse_payload};
+use crate::{OfTenant, QueryError, Service, StepResponse, dialect_of, err_response, parse_payload};
 
 /// The TCC branch URL (path) for try, confirm and cancel.
 pub const FREEZE_PATH: &str = "/payment/freeze";
@@ -141,15 +143,27 @@ fn entry_from(row: &sqlx::any::AnyRow) -> Result<LedgerEntry, sqlx::Error> {
 
 const LEDGER_COLUMNS: &str = "gid, branch_id, account, amount, status";
 
-/// The ledger row of one branch, if its Try ran.
+/// The ledger row of one branch of the default tenant, if its Try ran.
 pub async fn ledger_entry(
     pool: &AnyPool,
     gid: &str,
     branch_id: &str,
 ) -> Result<Option<LedgerEntry>, sqlx::Error> {
-    let sql =
-        format!("SELECT {LEDGER_COLUMNS} FROM payment_ledger WHERE gid = ? AND branch_id = ?");
+    ledger_entry_in(pool, DEFAULT_TENANT, gid, branch_id).await
+}
+
+/// The ledger row of one branch of `tenant`'s transaction `gid`, if its Try ran.
+pub async fn ledger_entry_in(
+    pool: &AnyPool,
+    tenant: &str,
+    gid: &str,
+    branch_id: &str,
+) -> Result<Option<LedgerEntry>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {LEDGER_COLUMNS} FROM payment_ledger WHERE tenant = ? AND gid = ? AND branch_id = ?"
+    );
     let row = sqlx::query(dialect_of(pool).sql(&sql))
+        .bind(tenant)
         .bind(gid)
         .bind(branch_id)
         .fetch_optional(pool)
@@ -251,7 +265,7 @@ async fn step(pool: &LeanPool<Any>, call: &BranchCall, body: &[u8]) -> StepRespo
 /// TCC Try freezes the amount; a saga action debits it at once (status `debited`), since
 /// a saga has no second phase to confirm it.
 async fn take(tx: &StepTx<'_, Any>, req: &FreezeRequest) -> Result<LedgerEntry, ParticipantError> {
-    let saga = tx.op() == Op::Action;
+    let saga = tx.call().op() == Op::Action;
     let (update, status) = if saga {
         (
             "UPDATE payment_accounts SET balance = balance - ? WHERE account = ? AND balance - frozen >= ?",
@@ -286,18 +300,20 @@ async fn take(tx: &StepTx<'_, Any>, req: &FreezeRequest) -> Result<LedgerEntry, 
         }));
     }
     sqlx::query(tx.sql(
-        "INSERT INTO payment_ledger (gid, branch_id, account, amount, status) VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO payment_ledger (tenant, gid, branch_id, account, amount, status) \
+         VALUES (?, ?, ?, ?, ?, ?)",
     ))
-    .bind(tx.gid())
-    .bind(tx.branch_id())
+    .bind(tx.call().tenant())
+    .bind(tx.call().gid())
+    .bind(tx.call().branch_id())
     .bind(req.account.as_str())
     .bind(req.amount)
     .bind(status)
     .execute(&mut *tx.conn())
     .await?;
     Ok(LedgerEntry {
-        gid: tx.gid().to_owned(),
-        branch_id: tx.branch_id().to_owned(),
+        gid: tx.call().gid().to_owned(),
+        branch_id: tx.call().branch_id().to_owned(),
         account: req.account.clone(),
         amount: req.amount,
         status: status.into(),
@@ -315,20 +331,23 @@ async fn settle(
 ) -> Result<LedgerEntry, ParticipantError> {
     let changed = sqlx::query(tx.sql(
         "UPDATE payment_ledger SET status = ?, updated_at = CURRENT_TIMESTAMP \
-         WHERE gid = ? AND branch_id = ? AND status = ?",
+         WHERE tenant = ? AND gid = ? AND branch_id = ? AND status = ?",
     ))
     .bind(to)
-    .bind(tx.gid())
-    .bind(tx.branch_id())
+    .bind(tx.call().tenant())
+    .bind(tx.call().gid())
+    .bind(tx.call().branch_id())
     .bind(from)
     .execute(&mut *tx.conn())
     .await?
     .rows_affected();
-    let sql =
-        format!("SELECT {LEDGER_COLUMNS} FROM payment_ledger WHERE gid = ? AND branch_id = ?");
+    let sql = format!(
+        "SELECT {LEDGER_COLUMNS} FROM payment_ledger WHERE tenant = ? AND gid = ? AND branch_id = ?"
+    );
     let row = sqlx::query(tx.sql(&sql))
-        .bind(tx.gid())
-        .bind(tx.branch_id())
+        .bind(tx.call().tenant())
+        .bind(tx.call().gid())
+        .bind(tx.call().branch_id())
         .fetch_optional(&mut *tx.conn())
         .await?;
     let entry = match row.as_ref().map(entry_from).transpose()? {
@@ -336,7 +355,7 @@ async fn settle(
         Some(e) => {
             return Err(ParticipantError::internal(format!(
                 "cannot {} ledger entry {}/{}: it is already {}",
-                tx.op(),
+                tx.call().op(),
                 e.gid,
                 e.branch_id,
                 e.status
@@ -345,8 +364,8 @@ async fn settle(
         None => {
             return Err(ParticipantError::internal(format!(
                 "no ledger entry for {}/{} although its Try ran",
-                tx.gid(),
-                tx.branch_id()
+                tx.call().gid(),
+                tx.call().branch_id()
             )));
         }
     };
@@ -387,8 +406,9 @@ async fn get_balances(State(pool): State<AnyPool>) -> Result<impl IntoResponse, 
 async fn get_entry(
     State(pool): State<AnyPool>,
     Path((gid, branch_id)): Path<(String, String)>,
+    Query(of): Query<OfTenant>,
 ) -> Result<impl IntoResponse, QueryError> {
-    match ledger_entry(&pool, &gid, &branch_id).await? {
+    match ledger_entry_in(&pool, of.tenant(), &gid, &branch_id).await? {
         Some(e) => Ok(axum::Json(e)),
         None => Err(QueryError::NotFound(format!(
             "no ledger entry for {gid}/{branch_id}"

@@ -1,5 +1,9 @@
-//! The barrier: runs a branch step's business closure at most once per (gid, branch, op),
-//! whatever order, repetition or concurrency the coordinator's calls arrive in.
+//! The barrier: runs a branch step's business closure at most once per (tenant, gid,
+//! branch, op), whatever order, repetition or concurrency the coordinator's calls arrive in.
+//!
+//! The tenant is part of every key (see [`crate::tenant`]): a gid is unique only within
+//! its tenant, so two tenants' `order-1` at one shared participant are two transactions
+//! with rows of their own. Below, "gid" always means the gid within the call's tenant.
 //!
 //! # How it works
 //!
@@ -88,13 +92,13 @@
 //! the transaction it is given: it may run more than once, and only the last attempt counts.
 
 pub mod lease;
-mod rows;
-pub(crate) mod step;
+mod measure;
+pub(crate) mod rows;
+pub mod schema;
 mod types;
 
 use std::borrow::Cow;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -102,74 +106,74 @@ use serde::de::DeserializeOwned;
 use sqlx::Transaction;
 
 use crate::backend::BarrierDatabase;
-use crate::error::ParticipantError;
-use crate::metrics;
-use idem_sql::Backend;
+use crate::error::{InvalidCall, ParticipantError};
+use crate::kit::check_table_name;
+use crate::kit::local::{Attempt, Retrying};
+use crate::kit::{BranchCall, LocalTx, Op, RetryPolicy, StepConnections, StepTx, TransType};
 pub use lease::{
     Claimed, Completion, Fact, FactSource, LeaseTicket, LeasedStep, StepRef,
     upgrade_barrier_table_for_lease,
 };
+pub(crate) use measure::describe;
+pub use measure::{BARRIER_OUTCOMES, LOCK_CONFLICT_RETRIES, STEP_BUCKETS, STEP_SECONDS};
 use rows::{
     Existing, Prerequisite, Read, fetch_row, insert_if_absent, interpret_existing,
     interpret_prerequisite, outcome_col, set_outcome,
 };
-pub use step::{OpenedStep, StepConn, StepConnections, StepTx};
-use step::{Shared, Slot};
-pub(crate) use types::check_id;
-pub(crate) use types::jitter_unit;
-pub use types::{
-    DEFAULT_TABLE, InvalidCall, MAX_ID_LEN, MSG_BRANCH_ID, Op, Outcome, RetryPolicy, TransType,
-    check_table_name,
-};
+pub use types::{DEFAULT_TABLE, Outcome};
 
 /// The barrier for one guarded step of one branch call.
 ///
-/// Build it from the callback parameters ([`Barrier::new`], or `BranchCall::barrier` with the
-/// `axum` feature), then wrap the business change in [`Barrier::run`].
+/// Build it from the callback parameters ([`Barrier::new`], or [`BranchCall::barrier`]),
+/// then wrap the business change in [`Barrier::run`].
 #[derive(Clone, Debug)]
 pub struct Barrier {
-    trans_type: TransType,
-    gid: String,
-    branch_id: String,
-    op: Op,
+    call: BranchCall,
     step: u32,
     table: Cow<'static, str>,
     retry: RetryPolicy,
 }
 
+impl BranchCall {
+    /// The barrier of this call's (first) guarded step, in the call's tenant.
+    pub fn barrier(&self) -> Barrier {
+        Barrier::for_call(self.clone())
+    }
+}
+
 impl Barrier {
-    /// The barrier for the first guarded step of a branch call.
+    /// The barrier for the first guarded step of a branch call, in the default tenant
+    /// (a coordinator call's own tenant with [`Barrier::with_tenant`]; [`BranchCall::barrier`]
+    /// takes it from the call).
     pub fn new(
         trans_type: TransType,
         gid: impl Into<String>,
         branch_id: impl Into<String>,
         op: Op,
     ) -> Result<Barrier, InvalidCall> {
-        let gid = gid.into();
-        let branch_id = branch_id.into();
-        check_id("gid", &gid)?;
-        check_id("branch_id", &branch_id)?;
-        if !trans_type.allows(op) {
-            return Err(InvalidCall::Invalid {
-                param: "op",
-                reason: format!("`{op}` is not an operation of a {trans_type} transaction"),
-            });
-        }
-        Ok(Barrier {
-            trans_type,
-            gid,
-            branch_id,
-            op,
+        BranchCall::new(trans_type, gid, branch_id, op).map(Barrier::for_call)
+    }
+
+    /// The barrier for the first guarded step of `call`.
+    pub fn for_call(call: BranchCall) -> Barrier {
+        Barrier {
+            call,
             step: 1,
             table: Cow::Borrowed(DEFAULT_TABLE),
             retry: RetryPolicy::default(),
-        })
+        }
     }
 
     /// The barrier a two-phase message's local transaction runs in, and which
     /// [`crate::query_prepared`] looks for: branch `00`, op `msg`.
     pub fn msg(gid: impl Into<String>) -> Result<Barrier, InvalidCall> {
-        Barrier::new(TransType::Msg, gid, MSG_BRANCH_ID, Op::Msg)
+        BranchCall::msg(gid).map(Barrier::for_call)
+    }
+
+    /// The same barrier in `tenant`'s rows ([`BranchCall::with_tenant`]).
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Result<Barrier, InvalidCall> {
+        self.call = self.call.with_tenant(tenant)?;
+        Ok(self)
     }
 
     /// Selects the `n`-th guarded step of the same call (1 is the default). Only needed when
@@ -197,24 +201,9 @@ impl Barrier {
         self
     }
 
-    /// The transaction kind named by the call.
-    pub fn trans_type(&self) -> TransType {
-        self.trans_type
-    }
-
-    /// The global transaction's id.
-    pub fn gid(&self) -> &str {
-        &self.gid
-    }
-
-    /// The branch within it.
-    pub fn branch_id(&self) -> &str {
-        &self.branch_id
-    }
-
-    /// The operation this call performs.
-    pub fn op(&self) -> Op {
-        self.op
+    /// The call this barrier guards a step of: its tenant, gid, branch and op key the rows.
+    pub fn call(&self) -> &BranchCall {
+        &self.call
     }
 
     /// The step component of the key, as stored: `01`, `02`, ...
@@ -227,14 +216,14 @@ impl Barrier {
         &self.table
     }
 
-    /// Runs `step` at most once for this (gid, branch, op), in a local transaction of its
+    /// Runs `step` at most once for this (tenant, gid, branch, op), in a local transaction of its
     /// own on `pool`, and commits.
     ///
-    /// The closure gets the transaction (`|tx| async move { ... }`); it must make every
-    /// business change through it and nothing outside it (no HTTP calls, no messages): a lost
-    /// lock conflict re-runs the whole transaction, closure included. An `Err` from the
-    /// closure rolls everything back, barrier row included, so a later retry runs the step
-    /// afresh.
+    /// The closure gets the transaction (`|tx| async move { ... }`), which also names the
+    /// call ([`StepTx::call`](crate::StepTx::call)); it must make every business change
+    /// through it and nothing outside it (no HTTP calls, no messages): a lost lock conflict
+    /// re-runs the whole transaction, closure included. An `Err` from the closure rolls
+    /// everything back, barrier row included, so a later retry runs the step afresh.
     ///
     /// A TCC Confirm whose Try has not committed never runs `step`: it comes back as
     /// [`ParticipantError::ConfirmWithoutTry`] (503), with nothing written.
@@ -250,88 +239,22 @@ impl Barrier {
         Fut: Future<Output = Result<T, ParticipantError>>,
     {
         let started = Instant::now();
-        let result = self.run_retrying(pool, step).await;
-        metrics::step(self.op, &result, started);
-        result
-    }
-
-    async fn run_retrying<S, T, F, Fut>(
-        &self,
-        pool: &S,
-        mut step: F,
-    ) -> Result<Outcome<T>, ParticipantError>
-    where
-        S: StepConnections,
-        T: Serialize + DeserializeOwned,
-        F: FnMut(StepTx<'static, S::Database>) -> Fut,
-        Fut: Future<Output = Result<T, ParticipantError>>,
-    {
-        let dialect = pool.dialect();
-        let barrier = Arc::new(self.clone());
-        let mut attempt = 1;
-        loop {
-            let result = Barrier::attempt(&barrier, pool, dialect, &mut step).await;
-            match result {
-                Err(e) if e.is_retryable_conflict(dialect) && attempt < self.retry.max_attempts => {
-                    tracing::debug!(
-                        gid = %self.gid, branch_id = %self.branch_id, op = %self.op, attempt,
-                        error = %e, "barrier transaction lost a lock conflict; retrying"
-                    );
-                    metrics::conflict_retry(self.op);
-                    tokio::time::sleep(self.retry.delay(attempt, jitter_unit())).await;
-                    attempt += 1;
-                }
-                Err(e) if e.is_retryable_conflict(dialect) => {
-                    tracing::warn!(
-                        gid = %self.gid, branch_id = %self.branch_id, op = %self.op, attempt,
-                        error = %e, "barrier transaction kept losing lock conflicts; giving up"
-                    );
-                    return Err(ParticipantError::transient(format!(
-                        "lock conflict persisted after {attempt} attempts: {e}"
-                    )));
-                }
-                other => return other,
-            }
-        }
-    }
-
-    async fn attempt<S, T, F, Fut>(
-        barrier: &Arc<Barrier>,
-        pool: &S,
-        dialect: Backend,
-        step: &mut F,
-    ) -> Result<Outcome<T>, ParticipantError>
-    where
-        S: StepConnections,
-        T: Serialize + DeserializeOwned,
-        F: FnMut(StepTx<'static, S::Database>) -> Fut,
-        Fut: Future<Output = Result<T, ParticipantError>>,
-    {
-        let opened = pool.open(dialect.begin_statement()).await?;
-        let slot: Shared<'static, S::Database> = Arc::new(tokio::sync::Mutex::new(opened.0));
-        let result = Barrier::guarded(barrier, &slot, dialect, step).await;
-        let tx = match Arc::try_unwrap(slot).map(tokio::sync::Mutex::into_inner) {
-            Ok(slot) => OpenedStep(slot),
-            Err(_) => {
-                // The closure kept its StepTx alive (spawned it, stored it). The transaction
-                // rolls back when the last handle drops.
-                return Err(ParticipantError::internal(
-                    "the step's StepTx outlived its closure; the transaction was abandoned",
-                ));
-            }
+        let op = self.call.op();
+        let retrying = Retrying {
+            retry: self.retry,
+            what: "barrier",
+            call: Some(&self.call),
         };
-        match result {
-            Ok(outcome) => {
-                tx.finish(true).await?;
-                Ok(outcome)
-            }
-            Err(e) => {
-                if let Err(rollback) = tx.finish(false).await {
-                    tracing::debug!(error = %rollback, "rollback after a failed step failed; the connection is discarded");
-                }
-                Err(e)
-            }
-        }
+        let result = retrying
+            .run(
+                pool,
+                || measure::conflict_retry(op),
+                step,
+                |tx, mut step| async move { (self.guarded(tx, &mut step).await, step) },
+            )
+            .await;
+        measure::step(op, &result, started);
+        result
     }
 
     /// Runs the barrier inside a transaction the caller opened and will commit (or roll
@@ -358,25 +281,17 @@ impl Barrier {
         Fut: Future<Output = Result<T, ParticipantError>>,
     {
         let started = Instant::now();
-        let conn: &'t mut DB::Connection = tx;
-        let dialect = DB::conn_dialect(conn);
-        let slot: Shared<'t, DB> = Arc::new(tokio::sync::Mutex::new(Slot::Borrowed(conn)));
-        let barrier = Arc::new(self.clone());
-        let mut result = Barrier::guarded(&barrier, &slot, dialect, &mut step).await;
-        if Arc::strong_count(&slot) != 1 {
-            result = Err(ParticipantError::internal(
-                "the step's StepTx outlived its closure; roll the transaction back",
-            ));
-        }
-        metrics::step(self.op, &result, started);
+        let attempt = Attempt::borrowed(&mut **tx);
+        let result = self.guarded(attempt.tx(), &mut step).await;
+        let result = attempt.end(result).await;
+        measure::step(self.call.op(), &result, started);
         result
     }
 
     /// The barrier algorithm proper (see the module documentation).
     async fn guarded<'t, DB, T, F, Fut>(
-        this: &Arc<Barrier>,
-        slot: &Shared<'t, DB>,
-        dialect: Backend,
+        &self,
+        tx: LocalTx<'t, DB>,
         step: &mut F,
     ) -> Result<Outcome<T>, ParticipantError>
     where
@@ -385,74 +300,46 @@ impl Barrier {
         F: FnMut(StepTx<'t, DB>) -> Fut,
         Fut: Future<Output = Result<T, ParticipantError>>,
     {
-        let barrier = this;
-        let this: &Barrier = this;
-        let mut guard = slot.lock().await;
-        let conn = guard.conn();
+        let call = &self.call;
+        let op = call.op();
         // The op's own row first. A duplicate stops here, and a compensation that inserts
         // its own row before the guard never needs a gap lock in front of a forward call
         // that is already waiting on the guard: on InnoDB, `cancel` sorts before `try` in the
         // unique index, and inserting the guard first then the Cancel row into the gap in
         // front of it deadlocked against every Try queued on the guard.
-        let inserted = insert_if_absent::<DB>(
-            conn,
-            dialect,
-            this,
-            this.op,
-            this.op.as_str(),
-            outcome_col::RUNNING,
-        )
-        .await?;
+        let inserted = insert_if_absent(&tx, self, op, op.as_str(), outcome_col::RUNNING).await?;
 
         if inserted {
             // Only after the own row: a duplicate of a Confirm that committed is answered
             // from that row, even once a purge has taken the (older) Try row away.
-            if let Some(prerequisite) = this.op.prerequisite() {
-                check_prerequisite::<DB>(conn, dialect, this, prerequisite).await?;
+            if let Some(prerequisite) = op.prerequisite() {
+                check_prerequisite(&tx, self, prerequisite).await?;
             }
-            if let Some(origin) = this.op.origin() {
-                let origin_inserted = insert_if_absent::<DB>(
-                    conn,
-                    dialect,
-                    this,
-                    origin,
-                    this.op.as_str(),
-                    outcome_col::GUARD,
-                )
-                .await?;
+            if let Some(origin) = op.origin() {
+                let origin_inserted =
+                    insert_if_absent(&tx, self, origin, op.as_str(), outcome_col::GUARD).await?;
                 if origin_inserted {
-                    set_outcome::<DB>(conn, dialect, this, outcome_col::EMPTY_ROLLBACK, None)
-                        .await?;
-                    tracing::info!(gid = %this.gid, branch_id = %this.branch_id, op = %this.op,
+                    set_outcome(&tx, self, outcome_col::EMPTY_ROLLBACK, None).await?;
+                    tracing::info!(tenant = %call.tenant(), gid = %call.gid(), branch_id = %call.branch_id(), %op,
                         "empty rollback: the step it undoes never ran");
                     return Ok(Outcome::EmptyRollback);
                 }
                 // A lease-mode forward step still holds its claim: undoing now would race
                 // its external call. Refused, all rolled back; see `lease.rs`.
-                let origin_row =
-                    fetch_row::<DB>(conn, dialect, this, origin, Read::Collided).await?;
+                let origin_row = fetch_row(&tx, self, origin, Read::Collided).await?;
                 if origin_row.is_some_and(|(_, outcome, _)| outcome == outcome_col::PROCESSING) {
-                    return Err(lease::origin_in_progress(this, origin));
+                    return Err(lease::origin_in_progress(self, origin));
                 }
             }
-            // Hand the connection to the closure: release the lock, give it a handle.
-            drop(guard);
-            let handle = StepTx {
-                slot: Arc::clone(slot),
-                dialect,
-                barrier: Arc::clone(barrier),
-            };
-            let value = step(handle).await?;
-            let mut guard = slot.lock().await;
-            let conn = guard.conn();
+            let value = step(tx.for_call(call.clone())).await?;
             let json = serde_json::to_string(&value).map_err(|e| {
                 ParticipantError::internal(format!("cannot store the step's result: {e}"))
             })?;
-            set_outcome::<DB>(conn, dialect, this, outcome_col::EXECUTED, Some(json)).await?;
+            set_outcome(&tx, self, outcome_col::EXECUTED, Some(json)).await?;
             return Ok(Outcome::Executed(value));
         }
 
-        let row = fetch_row::<DB>(conn, dialect, this, this.op, Read::Collided).await?;
+        let row = fetch_row(&tx, self, op, Read::Collided).await?;
         let Some((reason, outcome, result)) = row else {
             // The insert saw a row that is gone now: only a purge racing this call does
             // that. Another attempt sorts it out.
@@ -460,22 +347,24 @@ impl Barrier {
                 "the barrier row that blocked this call disappeared; retry",
             ));
         };
-        match interpret_existing(this.op, &reason, &outcome, result.as_deref()) {
+        match interpret_existing(op, &reason, &outcome, result.as_deref()) {
             Existing::Rejected => {
-                tracing::info!(gid = %this.gid, branch_id = %this.branch_id, op = %this.op,
+                tracing::info!(tenant = %call.tenant(), gid = %call.gid(), branch_id = %call.branch_id(), %op,
                     "rejected: the compensation already ran");
                 Ok(Outcome::Rejected)
             }
             Existing::EmptyRollback => Ok(Outcome::EmptyRollback),
             Existing::Processing => Err(ParticipantError::in_progress(format!(
-                "{} of {}/{} is claimed by a lease-mode call still in progress",
-                this.op, this.gid, this.branch_id
+                "{op} of {}/{} is claimed by a lease-mode call still in progress",
+                call.gid(),
+                call.branch_id()
             ))),
             Existing::Duplicate(json) => {
                 let value = serde_json::from_str(&json).map_err(|e| {
                     ParticipantError::internal(format!(
-                        "the stored result of {}/{}/{} does not decode as this step's result type: {e}",
-                        this.gid, this.branch_id, this.op
+                        "the stored result of {}/{}/{op} does not decode as this step's result type: {e}",
+                        call.gid(),
+                        call.branch_id()
                     ))
                 })?;
                 Ok(Outcome::Duplicate(value))
@@ -490,35 +379,35 @@ impl Barrier {
 /// back, this op's own row included, so a retry starts afresh. Why a plain read is enough
 /// is in the module documentation.
 async fn check_prerequisite<DB: BarrierDatabase>(
-    conn: &mut DB::Connection,
-    dialect: Backend,
+    tx: &LocalTx<'_, DB>,
     barrier: &Barrier,
     prerequisite: Op,
 ) -> Result<(), ParticipantError> {
-    let row = fetch_row::<DB>(conn, dialect, barrier, prerequisite, Read::Plain).await?;
+    let row = fetch_row(tx, barrier, prerequisite, Read::Plain).await?;
     let found = row
         .as_ref()
         .map(|(reason, outcome, _)| (reason.as_str(), outcome.as_str()));
-    let (gid, branch_id, op) = (&barrier.gid, &barrier.branch_id, barrier.op);
+    let call = barrier.call();
+    let (tenant, gid, branch_id, op) = (call.tenant(), call.gid(), call.branch_id(), call.op());
     let step = barrier.barrier_id();
     let why = match interpret_prerequisite(prerequisite, found) {
         Prerequisite::Ran => return Ok(()),
         Prerequisite::Missing => {
             // Usually a Confirm that overtook its Try's commit; a retry goes through.
-            tracing::info!(%gid, %branch_id, %op, barrier_id = %step,
+            tracing::info!(%tenant, %gid, %branch_id, %op, barrier_id = %step,
                 kind = "confirm_without_try", found = "absent",
                 "{op} refused: its {prerequisite} has not committed; retryable");
             format!("no committed {prerequisite} row; retry once the {prerequisite} has committed")
         }
         Prerequisite::Guarded => {
             // Never resolves by itself: the branch stalls in the coordinator, visibly.
-            tracing::warn!(%gid, %branch_id, %op, barrier_id = %step,
+            tracing::warn!(%tenant, %gid, %branch_id, %op, barrier_id = %step,
                 kind = "confirm_without_try", found = "guard",
                 "{op} refused: its cancel ran first, so its {prerequisite} never will");
             format!("its cancel ran first (empty rollback), so its {prerequisite} never will")
         }
         Prerequisite::Unexpected(what) => {
-            tracing::warn!(%gid, %branch_id, %op, barrier_id = %step,
+            tracing::warn!(%tenant, %gid, %branch_id, %op, barrier_id = %step,
                 kind = "confirm_without_try", found = %what,
                 "{op} refused: its {prerequisite} row is not an executed one");
             what
@@ -532,30 +421,19 @@ async fn check_prerequisite<DB: BarrierDatabase>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tenant::DEFAULT_TENANT;
 
     #[test]
-    fn barrier_validates_its_key() {
-        assert!(Barrier::new(TransType::Tcc, "g1", "01", Op::Try).is_ok());
-        assert_eq!(
-            Barrier::new(TransType::Tcc, "", "01", Op::Try).unwrap_err(),
-            InvalidCall::Missing("gid")
-        );
-        assert!(matches!(
-            Barrier::new(TransType::Tcc, "g".repeat(129), "01", Op::Try),
-            Err(InvalidCall::Invalid { param: "gid", .. })
-        ));
-        assert!(Barrier::new(TransType::Tcc, "g".repeat(128), "01", Op::Try).is_ok());
-        assert!(matches!(
-            Barrier::new(TransType::Tcc, "g1", "0\n1", Op::Try),
-            Err(InvalidCall::Invalid {
-                param: "branch_id",
-                ..
-            })
-        ));
-        assert!(matches!(
-            Barrier::new(TransType::Saga, "g1", "01", Op::Cancel),
-            Err(InvalidCall::Invalid { param: "op", .. })
-        ));
+    fn a_barrier_is_its_calls_first_step_in_the_calls_tenant() {
+        let call = BranchCall::new(TransType::Tcc, "g1", "01", Op::Try).unwrap();
+        assert_eq!(call.barrier().call().tenant(), DEFAULT_TENANT);
+        let acme = call.with_tenant("acme").unwrap().barrier();
+        assert_eq!((acme.call().tenant(), acme.call().gid()), ("acme", "g1"));
+        assert_eq!(acme.barrier_id(), "01");
+        let b = Barrier::new(TransType::Tcc, "g1", "01", Op::Try).unwrap();
+        assert!(b.clone().with_tenant("acme/x").is_err());
+        assert_eq!(b.with_tenant("beta").unwrap().call().tenant(), "beta");
+        assert!(Barrier::new(TransType::Saga, "g1", "01", Op::Cancel).is_err());
     }
 
     #[test]

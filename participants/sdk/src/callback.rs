@@ -44,10 +44,9 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 use crate::backend::{Arg, BarrierDatabase, Cell, CellKind};
-use crate::barrier::{RetryPolicy, StepConnections, check_table_name};
 use crate::error::ParticipantError;
 use crate::kit::local::{LocalTx, exec, fetch, run_local};
-use crate::kit::{SharedClock, system_clock};
+use crate::kit::{RetryPolicy, SharedClock, StepConnections, check_table_name, system_clock};
 use idem_sql::Backend;
 
 #[cfg(feature = "axum")]

@@ -186,6 +186,31 @@ pub(crate) fn classify_sqlite(code: i64) -> DbErrorKind {
     }
 }
 
+/// A callback that cannot name a barrier: a parameter is missing, unknown or too long, or
+/// its tenant header is malformed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidCall {
+    #[error("missing query parameter `{0}`")]
+    /// A required parameter is absent.
+    Missing(&'static str),
+    #[error("invalid query parameter `{param}`: {reason}")]
+    /// A parameter is unknown or too long.
+    Invalid {
+        /// The parameter.
+        param: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    #[error("invalid header `{header}`: {reason}")]
+    /// A header the call is keyed by (`Idem-Tenant`) is malformed or repeated.
+    Header {
+        /// The header.
+        header: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

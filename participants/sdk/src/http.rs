@@ -1,12 +1,13 @@
-//! axum integration: the callback parameters as an extractor, the payload as an extractor,
-//! and outcomes and errors as responses with the status codes the coordinator acts on.
+//! axum integration: the callback parameters ([`BranchCall`]) as an extractor, the payload
+//! as an extractor, and outcomes and errors as responses with the status codes the
+//! coordinator acts on.
 //!
 //! A guarded handler is then a few lines:
 //!
 //! ```no_run
 //! # use axum::extract::State;
-//! # use idem_participant::http::{BranchCall, Payload};
-//! # use idem_participant::{Outcome, ParticipantError};
+//! # use idem_participant::http::Payload;
+//! # use idem_participant::{BranchCall, Outcome, ParticipantError};
 //! # use sqlx::AnyPool;
 //! # #[derive(serde::Deserialize)] struct Req { sku: String }
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct Reserved { sku: String }
@@ -37,77 +38,15 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
-use crate::barrier::{Barrier, InvalidCall, Op, Outcome, TransType, check_id};
-use crate::error::ParticipantError;
-use crate::schema::MsgState;
-
-/// The coordinator's callback parameters: `gid`, `trans_type`, `branch_id`, `op`.
-///
-/// As an extractor it answers a call that lacks one, or has one that is unknown or too
-/// long, with 400 and a JSON body naming the parameter.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BranchCall {
-    trans_type: TransType,
-    gid: String,
-    branch_id: String,
-    op: Op,
-}
+use crate::barrier::Outcome;
+use crate::barrier::schema::MsgState;
+use crate::error::{InvalidCall, ParticipantError};
+use crate::kit::BranchCall;
+use crate::signature::{SignedCall, Version};
+use crate::tenant::tenant_from_headers;
 
 impl BranchCall {
-    /// Parses the parameters from `(name, value)` pairs (already percent-decoded).
-    /// Unknown parameters are ignored (DTM's clients add their own, such as `dtm`).
-    pub fn from_pairs<'a>(
-        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Result<BranchCall, InvalidCall> {
-        let (mut gid, mut trans_type, mut branch_id, mut op) = (None, None, None, None);
-        for (name, value) in pairs {
-            match name {
-                "gid" => gid = Some(value),
-                "trans_type" => trans_type = Some(value),
-                "branch_id" => branch_id = Some(value),
-                "op" => op = Some(value),
-                _ => {}
-            }
-        }
-        let gid = gid
-            .filter(|v| !v.is_empty())
-            .ok_or(InvalidCall::Missing("gid"))?;
-        let trans_type_text = trans_type
-            .filter(|v| !v.is_empty())
-            .ok_or(InvalidCall::Missing("trans_type"))?;
-        let branch_id = branch_id
-            .filter(|v| !v.is_empty())
-            .ok_or(InvalidCall::Missing("branch_id"))?;
-        let op_text = op
-            .filter(|v| !v.is_empty())
-            .ok_or(InvalidCall::Missing("op"))?;
-        check_id("gid", gid)?;
-        check_id("branch_id", branch_id)?;
-        let trans_type = TransType::parse(trans_type_text).ok_or_else(|| InvalidCall::Invalid {
-            param: "trans_type",
-            reason: format!("`{trans_type_text}` is not one of tcc, saga, msg"),
-        })?;
-        let op = Op::parse(op_text).ok_or_else(|| InvalidCall::Invalid {
-            param: "op",
-            reason: format!(
-                "`{op_text}` is not one of try, confirm, cancel, action, compensate, msg"
-            ),
-        })?;
-        if !trans_type.allows(op) {
-            return Err(InvalidCall::Invalid {
-                param: "op",
-                reason: format!("`{op}` is not an operation of a {trans_type} transaction"),
-            });
-        }
-        Ok(BranchCall {
-            trans_type,
-            gid: gid.to_owned(),
-            branch_id: branch_id.to_owned(),
-            op,
-        })
-    }
-
-    /// Parses a raw (percent-encoded) query string.
+    /// Parses a raw (percent-encoded) query string ([`BranchCall::from_pairs`]).
     pub fn from_query(query: &str) -> Result<BranchCall, InvalidCall> {
         let Query(pairs) =
             Query::<Vec<(String, String)>>::try_from_uri(&format!("/?{query}").parse().map_err(
@@ -122,75 +61,23 @@ impl BranchCall {
             })?;
         BranchCall::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
-
-    /// The transaction kind named by the call.
-    pub fn trans_type(&self) -> TransType {
-        self.trans_type
-    }
-
-    /// The global transaction's id.
-    pub fn gid(&self) -> &str {
-        &self.gid
-    }
-
-    /// The branch within it.
-    pub fn branch_id(&self) -> &str {
-        &self.branch_id
-    }
-
-    /// The operation this call performs.
-    pub fn op(&self) -> Op {
-        self.op
-    }
-
-    /// Checks that the op named by the URL path (for a coordinator that registers one URL
-    /// per op, like `.../reserve/{op}`) is the op of the call. 400 otherwise.
-    pub fn expect_path_op(&self, path_op: &str) -> Result<Op, InvalidCall> {
-        if path_op == self.op.as_str() {
-            Ok(self.op)
-        } else {
-            Err(InvalidCall::Invalid {
-                param: "op",
-                reason: format!("this URL is for `{path_op}`, the call says `{}`", self.op),
-            })
-        }
-    }
-
-    /// The barrier of this call's (first) guarded step.
-    pub fn barrier(&self) -> Barrier {
-        Barrier::new(
-            self.trans_type,
-            self.gid.clone(),
-            self.branch_id.clone(),
-            self.op,
-        )
-        .expect("a parsed BranchCall names a valid barrier")
-    }
-
-    /// Checks that this call's op is one of `ops`, for a handler that serves only some
-    /// (an inventory reservation has no saga action). 400 otherwise.
-    pub fn expect_op(&self, ops: &[Op]) -> Result<Op, InvalidCall> {
-        if ops.contains(&self.op) {
-            Ok(self.op)
-        } else {
-            let names: Vec<&str> = ops.iter().map(|o| o.as_str()).collect();
-            Err(InvalidCall::Invalid {
-                param: "op",
-                reason: format!(
-                    "this endpoint serves {}, not `{}`",
-                    names.join(", "),
-                    self.op
-                ),
-            })
-        }
-    }
 }
 
+/// The call's parameters from the query string, its tenant from the verified signature
+/// (v2), else from the `Idem-Tenant` header, else the default; see [`BranchCall`].
 impl<S: Send + Sync> FromRequestParts<S> for BranchCall {
     type Rejection = InvalidCall;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        BranchCall::from_query(parts.uri.query().unwrap_or_default())
+        let call = BranchCall::from_query(parts.uri.query().unwrap_or_default())?;
+        let signed = parts
+            .extensions
+            .get::<SignedCall>()
+            .filter(|s| s.version == Version::V2);
+        if let Some(signed) = signed {
+            return call.with_tenant(&signed.tenant);
+        }
+        call.with_tenant(tenant_from_headers(&parts.headers)?)
     }
 }
 
@@ -332,78 +219,7 @@ pub(crate) fn mask_dtm_keywords(json: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pairs(q: &[(&'static str, &'static str)]) -> Result<BranchCall, InvalidCall> {
-        BranchCall::from_pairs(q.iter().copied())
-    }
-
-    #[test]
-    fn parses_a_complete_call() {
-        let call = pairs(&[
-            ("gid", "g-1"),
-            ("trans_type", "tcc"),
-            ("branch_id", "01"),
-            ("op", "cancel"),
-            ("dtm", "ignored"),
-        ])
-        .unwrap();
-        assert_eq!(call.gid(), "g-1");
-        assert_eq!(call.trans_type(), TransType::Tcc);
-        assert_eq!(call.branch_id(), "01");
-        assert_eq!(call.op(), Op::Cancel);
-        assert_eq!(call.barrier().barrier_id(), "01");
-    }
-
-    #[test]
-    fn names_the_missing_or_bad_parameter() {
-        assert_eq!(
-            pairs(&[("trans_type", "tcc"), ("branch_id", "01"), ("op", "try")]),
-            Err(InvalidCall::Missing("gid"))
-        );
-        assert_eq!(
-            pairs(&[
-                ("gid", "g"),
-                ("trans_type", "tcc"),
-                ("branch_id", ""),
-                ("op", "try")
-            ]),
-            Err(InvalidCall::Missing("branch_id"))
-        );
-        assert_eq!(
-            pairs(&[("gid", "g"), ("branch_id", "01"), ("op", "try")]),
-            Err(InvalidCall::Missing("trans_type"))
-        );
-        assert!(matches!(
-            pairs(&[
-                ("gid", "g"),
-                ("trans_type", "xa"),
-                ("branch_id", "01"),
-                ("op", "try")
-            ]),
-            Err(InvalidCall::Invalid {
-                param: "trans_type",
-                ..
-            })
-        ));
-        assert!(matches!(
-            pairs(&[
-                ("gid", "g"),
-                ("trans_type", "tcc"),
-                ("branch_id", "01"),
-                ("op", "rollback")
-            ]),
-            Err(InvalidCall::Invalid { param: "op", .. })
-        ));
-        assert!(matches!(
-            pairs(&[
-                ("gid", "g"),
-                ("trans_type", "saga"),
-                ("branch_id", "01"),
-                ("op", "try")
-            ]),
-            Err(InvalidCall::Invalid { param: "op", .. })
-        ));
-    }
+    use crate::kit::Op;
 
     #[test]
     fn parses_percent_encoded_query_strings() {
@@ -412,6 +228,47 @@ mod tests {
         assert_eq!(call.gid(), "a b");
         assert_eq!(call.op(), Op::Compensate);
         assert_eq!(BranchCall::from_query(""), Err(InvalidCall::Missing("gid")));
+    }
+
+    #[tokio::test]
+    async fn the_tenant_is_the_signed_one_else_the_header_else_the_default() {
+        let extract = |request: axum::http::Request<()>| async move {
+            let (mut parts, ()) = request.into_parts();
+            BranchCall::from_request_parts(&mut parts, &()).await
+        };
+        let uri = "/p?gid=g&trans_type=saga&branch_id=01&op=action";
+        let plain = axum::http::Request::get(uri).body(()).unwrap();
+        assert_eq!(extract(plain).await.unwrap().tenant(), "default");
+        let named = axum::http::Request::get(uri)
+            .header("idem-tenant", "acme")
+            .body(())
+            .unwrap();
+        assert_eq!(extract(named).await.unwrap().tenant(), "acme");
+        let mut signed = axum::http::Request::get(uri)
+            .header("idem-tenant", "beta")
+            .body(())
+            .unwrap();
+        signed.extensions_mut().insert(SignedCall {
+            kid: "k".into(),
+            version: Version::V2,
+            tenant: "acme".into(),
+            call_id: None,
+        });
+        assert_eq!(extract(signed).await.unwrap().tenant(), "acme");
+        for bad in ["Acme", "a/b", ""] {
+            let request = axum::http::Request::get(uri)
+                .header("idem-tenant", bad)
+                .body(())
+                .unwrap();
+            let e = extract(request).await.unwrap_err();
+            assert!(e.to_string().contains("Idem-Tenant"), "{bad:?}: {e}");
+        }
+        let twice = axum::http::Request::get(uri)
+            .header("idem-tenant", "acme")
+            .header("idem-tenant", "beta")
+            .body(())
+            .unwrap();
+        assert!(extract(twice).await.is_err());
     }
 
     #[test]

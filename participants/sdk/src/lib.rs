@@ -29,6 +29,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Every row is keyed by the call's tenant too (the `Idem-Tenant` header, [`tenant`]): two
+//! tenants' same gid at one shared participant stay two transactions. [`BranchCall::barrier`]
+//! takes the tenant from the call; [`Barrier::with_tenant`] sets it by hand. The closure's
+//! transaction names the call it guards (`tx.call().tenant()`, `.gid()`, ...), for ledger
+//! rows keyed like the barrier's.
+//!
 //! A TCC Confirm whose Try has not executed and committed never reaches its closure: it
 //! comes back as [`ParticipantError::ConfirmWithoutTry`] (503, so the coordinator retries it
 //! once the Try has committed), with nothing written.
@@ -37,12 +43,29 @@
 //! `sqlx::Any` (one binary, backend chosen by URL: see [`connect`]). The `axum` feature adds
 //! the callback extractor and the outcome-to-status mapping ([`http`]).
 //!
-//! A coordinator with a signing key signs every call; [`signature`] verifies it (an axum
-//! middleware, and [`signature::verify`] for other frameworks).
+//! A coordinator with signing keys signs every call; [`signature`] verifies it (an axum
+//! middleware, and [`signature::verify_call`] for other frameworks).
 //!
 //! [`Barrier::run`] opens each step's transaction on a `sqlx::Pool` or on a [`LeanPool`]
 //! (see [`StepConnections`]); the lean pool saves the round trip sqlx's pool spends on
 //! every release, one per step.
+//!
+//! # Floors
+//!
+//! The modules stand on floors. A module imports (`crate::…`, or `super::` up to the crate
+//! root) only from floors below its own: never from a floor above, nor from another module
+//! on its own floor. So no two modules import each other, even through others, and each
+//! floor can be read and changed without the ones above it. `tests/it/floors.rs` checks every
+//! import against this table, and refuses a module that is on no floor, or an import
+//! through the crate root's re-exports (which would hide the module it comes from).
+//!
+//! | floor | modules | what they are |
+//! |---|---|---|
+//! | 0 | `error`, `backend`, `signature` | what a step can fail with, the database primitives, verifying signed calls; they import nothing of the crate |
+//! | 1 | `tenant` | the tenant a call belongs to |
+//! | 2 | `kit` | the ground floor: the branch call's key ([`BranchCall`]), the one local transaction guard ([`LocalTx`]) with its conflict retries and where its connections come from, the clock and owner tokens of claims, DDL, bounded deletes |
+//! | 3 | `barrier`, `idempotency`, `callback`, `consumer`, `jobs` | the tools, each with its own table and protocol, built on `kit` and never on each other |
+//! | 4 | `retention`, `http`, `metrics`, `testing` | the edges: the barrier rows' scheduled purge, axum, the metrics' names and HELP text, test databases; nothing in the crate imports them |
 
 #![warn(missing_docs)]
 
@@ -58,8 +81,8 @@ pub mod jobs;
 pub mod kit;
 pub mod metrics;
 pub mod retention;
-pub mod schema;
 pub mod signature;
+pub mod tenant;
 
 /// The lean pool lives in `idem-sql`, shared with the coordinator; re-exported here so that
 /// participants need only this crate.
@@ -69,15 +92,17 @@ pub use idem_sql::pool;
 pub mod testing;
 
 pub use backend::BarrierDatabase;
-pub use barrier::{
-    Barrier, DEFAULT_TABLE, InvalidCall, MSG_BRANCH_ID, Op, OpenedStep, Outcome, RetryPolicy,
-    StepConnections, StepTx, TransType,
+pub use barrier::schema::{
+    BarrierRecord, MsgState, barrier_ddl, barrier_records, barrier_records_in,
+    create_barrier_table, create_barrier_table_named, purge_barriers, query_prepared,
+    upgrade_barrier_table,
 };
+pub use barrier::{Barrier, DEFAULT_TABLE, Outcome};
 pub use callback::{CallbackOutcome, OrderTable, PaymentCallbacks, PaymentNotice};
 pub use consumer::{ConsumerLog, Handled, create_consumer_tables, purge_consumer_log};
-pub use error::ParticipantError;
+pub use error::{InvalidCall, ParticipantError};
 #[cfg(feature = "axum")]
-pub use http::{BranchCall, Payload};
+pub use http::Payload;
 /// Which database a participant runs on, shared with the coordinator (`idem-sql`).
 pub use idem_sql::Backend;
 /// [`Backend`] under the SDK's former name: `Dialect::from_url`, `tx.dialect().sql(..)`.
@@ -90,14 +115,12 @@ pub use jobs::{
     JobSummary, JobUnits, UnitClaim, UnitKey, UnitOutcome, create_job_tables, purge_job_units,
 };
 pub use kit::{
-    Clock, LocalTx, ManualClock, SharedClock, SystemClock, new_owner_token, run_local, system_clock,
+    BranchCall, Clock, LocalConn, LocalTx, MSG_BRANCH_ID, ManualClock, Op, OpenedStep, RetryPolicy,
+    SharedClock, StepConnections, StepTx, SystemClock, TransType, new_owner_token, run_local,
+    split_sql_script, system_clock,
 };
 pub use retention::{BarrierRetention, CoordinatorSettings, spawn_barrier_purge};
-pub use schema::{
-    BarrierRecord, MsgState, barrier_ddl, barrier_records, barrier_records_in,
-    create_barrier_table, create_barrier_table_named, purge_barriers, query_prepared,
-    split_sql_script,
-};
+pub use tenant::{DEFAULT_TENANT, TENANT_HEADER};
 
 use std::time::Duration;
 

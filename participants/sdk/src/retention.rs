@@ -211,7 +211,7 @@ pub fn spawn_barrier_purge<DB: BarrierDatabase>(
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            match crate::purge_barriers(&pool, &table, window).await {
+            match crate::barrier::schema::purge_barriers(&pool, &table, window).await {
                 Ok(0) => {}
                 Ok(rows) => tracing::info!(rows, table, "purged old barrier rows"),
                 Err(e) => tracing::warn!(error = %e, table, "barrier purge failed"),

@@ -5,28 +5,32 @@
 //!
 //! Server URLs come from `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_MYSQL_URL`, defaulting to
 //! the local servers this project's machines run. A server that cannot be reached is a
-//! test failure, loudly: CI must never pass by silently skipping a backend. A developer
-//! without the servers sets `IDEM_TEST_SKIP=postgres,mysql`; each skipped test then prints
-//! that it was skipped.
+//! test failure, loudly, with the reason: a test that cannot run is never counted as
+//! passed, so there is no switch to skip a backend.
+//!
+//! [`in_own_process`] runs a test that must be alone in its process (it reads a
+//! process-wide recorder) in a child process of its binary; [`IdemServe`] starts the
+//! coordinator (`idem serve`) as a child process, for the coordinator's own tests and the
+//! lab.
 
 use std::path::PathBuf;
 
 use sqlx::Connection;
 
+mod idem_serve;
+mod own_process;
 pub mod proxy;
+pub use idem_serve::{IdemProcess, IdemServe, StartError};
+pub use own_process::in_own_process;
 pub use proxy::TcpProxy;
 
 /// The database backends: idem's one backend enum, re-exported for tests.
 pub use idem_sql::Backend;
 
-/// What a test needs to know of a backend beyond the enum: where its server is and whether
-/// the developer skips it.
+/// What a test needs to know of a backend beyond the enum: where its server is.
 pub trait TestBackend {
     /// The URL of the server's maintenance database, where test databases are created.
     fn admin_url(self) -> Option<String>;
-
-    /// True when the developer asked to skip this backend. Prints a line saying so.
-    fn skipped(self, test: &str) -> bool;
 }
 
 impl TestBackend for Backend {
@@ -44,17 +48,6 @@ impl TestBackend for Backend {
             ),
         }
     }
-
-    fn skipped(self, test: &str) -> bool {
-        let skip = std::env::var("IDEM_TEST_SKIP").unwrap_or_default();
-        let skipped = skip
-            .split(',')
-            .any(|s| s.trim().eq_ignore_ascii_case(self.name()));
-        if skipped {
-            println!("SKIPPED {test} on {}: IDEM_TEST_SKIP names it", self.name());
-        }
-        skipped
-    }
 }
 
 /// A database that exists only for one test.
@@ -68,14 +61,11 @@ pub struct TestDatabase {
 }
 
 impl TestDatabase {
-    /// Creates a fresh database, or returns `None` (after printing why) when the developer
-    /// skips this backend. Panics with a clear message when a server cannot be reached.
-    pub async fn create(backend: Backend, test: &str) -> Option<TestDatabase> {
-        if backend.skipped(test) {
-            return None;
-        }
+    /// Creates a fresh database. Panics with a clear message when a server cannot be
+    /// reached; `test` names the test in that message.
+    pub async fn create(backend: Backend, test: &str) -> TestDatabase {
         let name = format!("idem_t_{}", uuid::Uuid::new_v4().simple());
-        let db = match backend {
+        match backend {
             Backend::Sqlite => {
                 let file = std::env::temp_dir().join(format!("{name}.db"));
                 TestDatabase {
@@ -89,7 +79,9 @@ impl TestDatabase {
                 let admin = backend.admin_url().expect("server backend");
                 admin_execute(backend, &admin, format!("CREATE DATABASE {name}"))
                     .await
-                    .unwrap_or_else(|e| panic!("cannot create a test database on {backend}: {e}"));
+                    .unwrap_or_else(|e| {
+                        panic!("{test}: cannot create a test database on {backend}: {e}")
+                    });
                 TestDatabase {
                     backend,
                     url: replace_database(&admin, &name),
@@ -97,8 +89,7 @@ impl TestDatabase {
                     file: None,
                 }
             }
-        };
-        Some(db)
+        }
     }
 
     /// The database's name (the file name for SQLite).
@@ -133,13 +124,11 @@ impl TestDatabase {
     }
 }
 
-/// The databases to run a cross-backend test on: SQLite always, the servers unless skipped.
+/// The databases to run a cross-backend test on: SQLite, PostgreSQL and MySQL/MariaDB.
 pub async fn all(test: &str) -> Vec<TestDatabase> {
     let mut out = Vec::new();
     for backend in Backend::ALL {
-        if let Some(db) = TestDatabase::create(backend, test).await {
-            out.push(db);
-        }
+        out.push(TestDatabase::create(backend, test).await);
     }
     out
 }
@@ -150,9 +139,8 @@ async fn admin_execute(backend: Backend, url: &str, sql: String) -> Result<(), s
     let unreachable = |e: sqlx::Error| -> ! {
         panic!(
             "{backend} is unreachable at {url}: {e}\n\
-             Start it, point IDEM_TEST_{}_URL at it, or set IDEM_TEST_SKIP={} to skip it.",
-            backend.name().to_uppercase(),
-            backend.name()
+             Start it, or point IDEM_TEST_{}_URL at it.",
+            backend.name().to_uppercase()
         )
     };
     let sql = sqlx::AssertSqlSafe(sql);

@@ -11,7 +11,9 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
-use super::requests::{AllParams, GidOnly, QueryParams, Trans, msg_steps, parse, saga_steps};
+use super::requests::{
+    AllParams, Field, GidOnly, QueryParams, Trans, msg_steps, parse, saga_steps,
+};
 use super::views::{branch_view, dtm_status, from_dtm_status, global_view};
 use super::{DtmError, DtmResponse, DtmResult, failure, ongoing, success};
 use crate::api::AppState;
@@ -22,10 +24,10 @@ use crate::api::validate::{
     decode_cursor, list_limit, parse_body, registration_error,
 };
 use crate::auth::Role;
-use crate::core::{Action, Branch, Kind, Status};
+use crate::core::{Access, Action, Branch, Kind, Status};
 use crate::engine::{EngineError, NewPrepared, NewSaga};
+use crate::engine::{ListFilter, StoredTx};
 use crate::outbound::redact::redacted;
-use crate::store::{ListFilter, StoredTx};
 use crate::tenant::client_gid;
 
 pub(super) async fn ping() -> Json<Value> {
@@ -88,6 +90,7 @@ async fn create_prepared(
             branches: Vec::new(),
             request: t.identity.clone(),
             trace: crate::trace::from_headers(headers),
+            tokenless: caller.access() == Access::Tokenless,
         })
         .await?;
     Ok(created.stored)
@@ -139,16 +142,17 @@ pub(super) async fn submit(
                     options: t.options.clone(),
                     request: t.identity.clone(),
                     trace: crate::trace::from_headers(&headers),
+                    tokenless: caller.access() == Access::Tokenless,
                 })
                 .await?;
         }
         Kind::Tcc => {
-            app.engine.submit(&t.gid).await?;
+            app.engine.submit(&t.gid, caller.access()).await?;
         }
         Kind::Msg => {
             // DTM lets a msg be submitted without a prepare; then this creates it.
             create_prepared(&app, &caller, &t, &headers).await?;
-            app.engine.submit(&t.gid).await?;
+            app.engine.submit(&t.gid, caller.access()).await?;
         }
     }
     finish(&app, &t).await
@@ -165,7 +169,7 @@ pub(super) async fn abort(
         .reason
         .clone()
         .unwrap_or_else(|| "aborted by the client".into());
-    app.engine.abort(&t.gid, &reason).await?;
+    app.engine.abort(&t.gid, &reason, caller.access()).await?;
     finish(&app, &t).await
 }
 
@@ -197,7 +201,7 @@ pub(super) async fn force_stop(
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
     caller.require(Role::Operator, "forceStop")?;
-    let (req, _): (GidOnly, Value) = parse_body(body, None)?;
+    let req: GidOnly = parse_body(body, None)?;
     let gid = req
         .gid
         .filter(|g| !g.is_empty())
@@ -234,16 +238,17 @@ pub(super) async fn register_branch(
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> DtmResult {
-    let (fields, _): (BTreeMap<String, Value>, Value) = parse_body(body, None)?;
+    let fields: BTreeMap<String, Field> = parse_body(body, None)?;
     // DTM binds this body into map[string]string: every value must be a string.
     let mut data = BTreeMap::new();
     for (key, value) in fields {
         match value {
-            Value::String(s) => {
+            Field::Text(s) => {
                 data.insert(key, s);
             }
-            Value::Null => {}
-            other => {
+            Field::Null => {}
+            Field::Other(other) => {
+                let other = other.as_str();
                 return Err(ApiError::bad_request(
                     "invalid_json",
                     format!("registerBranch takes string values; {key} is {other}"),
@@ -300,7 +305,11 @@ pub(super) async fn register_branch(
         ),
     ];
     app.check_outbound(caller.tenant(), branch_urls(&branches))?;
-    match app.engine.register(&caller.key(&gid), branches).await {
+    match app
+        .engine
+        .register(&caller.key(&gid), branches, caller.access())
+        .await
+    {
         Ok(()) => Ok(success()),
         Err(EngineError::NotPrepared(status)) => Ok(failure(format!(
             "no trans with gid: {gid} status: prepared found (it is {})",
@@ -322,7 +331,9 @@ pub(super) async fn query(
         .filter(|g| !g.is_empty())
         .ok_or_else(|| ApiError::bad_request("missing_gid", "no gid specified"))?;
     check_id("gid", "invalid_gid", &gid)?;
-    let Some(stored) = app.engine.find(&caller.key(&gid)).await? else {
+    let found = app.reads().find(&caller.key(&gid)).await?;
+    // What the caller may not see answers as if it did not exist.
+    let Some(stored) = found.filter(|s| s.tx.admits(caller.access())) else {
         return Ok(DtmResponse(
             StatusCode::OK,
             json!({"transaction": null, "branches": []}),
@@ -375,14 +386,16 @@ pub(super) async fn all(
     let limit = list_limit("limit", p.limit, DTM_DEFAULT_LIST_LIMIT)?;
     let filter = ListFilter {
         tenant: Some(caller.tenant().to_owned()),
+        tokenless_only: caller.access() == Access::Tokenless,
         statuses,
         kind,
         created_from: p.create_time_start,
         created_to: p.create_time_end,
         after,
         limit,
+        oldest_first: false,
     };
-    let page = app.engine.list(&filter).await?;
+    let page = app.reads().list(&filter).await?;
     let transactions: Vec<Value> = page.items.iter().map(global_view).collect();
     let next = page
         .next

@@ -5,7 +5,7 @@
 //! use its envelope (`{"dtm_result":"SUCCESS"}`, 409 `FAILURE`, 425 `ONGOING`). Where idem
 //! deliberately differs it is stricter, never looser: a client mistake is a 4xx with a
 //! message (DTM answers 500 or panics), a gid reused with a different body is a 409, and
-//! retries are capped and end in `stalled`. The list is in README.md, "Coming from DTM".
+//! retries are capped and end in `stalled`. The list is in docs/dtm.md.
 //!
 //! `requests` parses and checks what DTM clients send, `handlers` carries it out through the
 //! engine, `views` shows transactions as DTM does; the envelope is here.

@@ -3,32 +3,37 @@
 //! (`validate::OPTIONS`), so they are judged as the native door's are.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use serde::Deserialize;
-use serde_json::{Number, Value};
+use idem_canonical::JsonText;
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::Number;
 
 use super::DtmError;
 use crate::api::AppState;
 use crate::api::error::ApiError;
 use crate::api::identity::Identity;
 use crate::api::validate::{
-    Given, Limits, MAX_ATTEMPTS, MAX_CUSTOM_DATA_LEN, Overrides, REQUEST_TIMEOUT, RETRY_INTERVAL,
-    Stated, TIMEOUT, check_branch_count, check_id, check_payload, check_text, check_url,
-    parse_body, parse_orders,
+    Capped, Given, Limits, MAX_ATTEMPTS, MAX_CUSTOM_DATA_LEN, Overrides, REQUEST_TIMEOUT,
+    RETRY_INTERVAL, Stated, TIMEOUT, check_branch_count, check_id, check_payload, check_text,
+    check_url, parse_body_capped, parse_orders,
 };
 use crate::core::{Kind, Millis, Protocol, SagaStep, TxOptions};
 
 /// DTM's `TransGlobal` as clients send it. Every field may be absent or `null`; unknown
-/// keys (such as the obsolete `passthrough_headers`) are ignored.
+/// keys (such as the obsolete `passthrough_headers`) are ignored. Of `steps` and
+/// `payloads`, no more entries are kept than a transaction may have steps (a longer
+/// `steps` is refused by its count; `payloads` past the steps are not used).
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct TransRequest {
     pub(super) gid: Option<String>,
     pub(super) trans_type: Option<String>,
-    pub(super) steps: Option<Vec<BTreeMap<String, Option<String>>>>,
-    pub(super) payloads: Option<Vec<Option<String>>>,
+    pub(super) steps: Option<Capped<Step>>,
+    pub(super) payloads: Option<Capped<Option<String>>>,
     pub(super) custom_data: Option<String>,
     pub(super) wait_result: Option<bool>,
     /// Seconds. Numbers are kept as sent so that the shared checks judge them.
@@ -41,6 +46,69 @@ pub(super) struct TransRequest {
     pub(super) branch_headers: Option<BTreeMap<String, String>>,
     pub(super) query_prepared: Option<String>,
     pub(super) rollback_reason: Option<String>,
+}
+
+/// A step of a `TransGlobal`, which DTM binds into a `map[string]string`: every value is
+/// a string or null, and idem reads `action`, `compensate` and (DTM's legacy payload)
+/// `data`. Read as such a map (a key given twice keeps its last value), keeping only
+/// those three.
+#[derive(Debug, Default)]
+pub(super) struct Step {
+    action: Option<String>,
+    compensate: Option<String>,
+    data: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Step {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Step, D::Error> {
+        deserializer.deserialize_map(StepVisitor)
+    }
+}
+
+struct StepVisitor;
+
+impl<'de> Visitor<'de> for StepVisitor {
+    type Value = Step;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A map's words, which the answers have always used.
+        f.write_str("a map")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Step, A::Error> {
+        let mut step = Step::default();
+        while let Some(key) = map.next_key::<String>()? {
+            let value: Option<String> = map.next_value()?;
+            match key.as_str() {
+                "action" => step.action = value,
+                "compensate" => step.compensate = value,
+                "data" => step.data = value,
+                _ => {}
+            }
+        }
+        Ok(step)
+    }
+}
+
+/// A value of registerBranch's body, which DTM binds into a `map[string]string`: a string,
+/// null (as if absent), or anything else, kept as its text for the refusal.
+pub(super) enum Field {
+    Text(String),
+    Null,
+    Other(JsonText),
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Field, D::Error> {
+        let text = JsonText::deserialize(deserializer)?;
+        Ok(match text.as_str() {
+            "null" => Field::Null,
+            quoted if quoted.starts_with('"') => {
+                Field::Text(serde_json::from_str(quoted).map_err(serde::de::Error::custom)?)
+            }
+            _ => Field::Other(text),
+        })
+    }
 }
 
 /// A parsed and checked request.
@@ -97,14 +165,14 @@ pub fn parse_trans(
     defaults: &TxOptions,
     limits: &Limits,
 ) -> Result<Trans, DtmError> {
-    let (req, _): (TransRequest, Value) = parse_body(body, None)?;
+    // A longer list of steps is refused by its count below.
+    let req: TransRequest = parse_body_capped(body, None, limits.max_branches)?;
     let gid = req
         .gid
-        .clone()
         .filter(|g| !g.is_empty())
         .ok_or_else(|| ApiError::bad_request("missing_gid", "gid is required"))?;
     check_id("gid", "invalid_gid", &gid)?;
-    let trans_type = req.trans_type.clone().unwrap_or_default();
+    let trans_type = req.trans_type.unwrap_or_default();
     let kind = match trans_type.as_str() {
         "saga" => Kind::Saga,
         "tcc" => Kind::Tcc,
@@ -128,22 +196,21 @@ pub fn parse_trans(
         }
     };
 
-    let raw_steps = req.steps.clone().unwrap_or_default();
-    check_branch_count("steps", raw_steps.len(), limits.max_branches)?;
-    let payloads = req.payloads.clone().unwrap_or_default();
-    let mut steps = Vec::with_capacity(raw_steps.len());
-    for (i, step) in raw_steps.iter().enumerate() {
-        let field = |name: &str| step.get(name).cloned().flatten().unwrap_or_default();
-        let action = field("action");
+    let raw_steps = req.steps.unwrap_or_default();
+    check_branch_count("steps", raw_steps.len, limits.max_branches)?;
+    let mut payloads = req.payloads.unwrap_or_default().kept.into_iter();
+    let mut steps = Vec::with_capacity(raw_steps.len);
+    for (i, step) in raw_steps.kept.into_iter().enumerate() {
+        let action = step.action.unwrap_or_default();
         check_url(&format!("steps[{i}].action"), &action)?;
-        let compensate = field("compensate");
+        let compensate = step.compensate.unwrap_or_default();
         if kind == Kind::Saga {
             check_url(&format!("steps[{i}].compensate"), &compensate)?;
         }
         // `payloads[i]` is the body; DTM's legacy `steps[i].data` is accepted too.
-        let (payload, name) = match payloads.get(i).cloned().flatten() {
+        let (payload, name) = match payloads.next().flatten() {
             Some(p) => (p, format!("payloads[{i}] (step {i})")),
-            None => (field("data"), format!("steps[{i}].data")),
+            None => (step.data.unwrap_or_default(), format!("steps[{i}].data")),
         };
         check_payload(&name, &payload, limits)?;
         steps.push((action, compensate, payload));
@@ -167,9 +234,9 @@ pub fn parse_trans(
             .into_iter()
             .filter_map(|(option, value)| positive(value).map(|v| Given::dtm(option, v)))
             .collect(),
-        branch_headers: req.branch_headers.clone().unwrap_or_default(),
+        branch_headers: req.branch_headers.unwrap_or_default(),
     };
-    let mut stated = overrides.check()?;
+    let mut stated = overrides.check(&limits.options)?;
     stated.protocol = Protocol::Dtm;
     if let Some(custom) = req.custom_data.as_deref().filter(|c| !c.is_empty()) {
         check_text("custom_data", custom, MAX_CUSTOM_DATA_LEN)?;
@@ -179,7 +246,7 @@ pub fn parse_trans(
 
     // The same identity as the native door's for the same transaction: the steps and the
     // options as stored.
-    let query_prepared = req.query_prepared.clone().filter(|q| !q.is_empty());
+    let query_prepared = req.query_prepared.filter(|q| !q.is_empty());
     let identity = match kind {
         Kind::Saga => crate::api::identity::saga(&gid, &saga_steps(&steps), &options, stated),
         Kind::Tcc | Kind::Msg => crate::api::identity::prepared(
@@ -263,6 +330,22 @@ pub(super) struct AllParams {
 mod tests {
     use super::*;
     use crate::api::validate::OPTIONS;
+    use crate::api::validate::body_tests::{
+        REQUEST_FIELDS, assert_answers_as_the_tree_did, bodies,
+    };
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+        /// Read without a tree, a body is answered with the words the tree gave.
+        #[test]
+        fn bodies_are_answered_as_the_tree_did(text in bodies(REQUEST_FIELDS)) {
+            assert_answers_as_the_tree_did::<TransRequest>(&text);
+            assert_answers_as_the_tree_did::<GidOnly>(&text);
+            assert_answers_as_the_tree_did::<BTreeMap<String, Field>>(&text);
+        }
+    }
 
     #[test]
     fn every_dtm_field_of_the_table_is_read_from_the_request() {
@@ -288,8 +371,8 @@ mod tests {
     /// transaction's values when a repeat is judged, not today's defaults.
     #[test]
     fn a_repeat_is_judged_as_of_the_stored_options() {
-        use crate::canonical::{CanonicalRequest, request_hash};
-        use serde_json::json;
+        use crate::canonical::CanonicalRequest;
+        use serde_json::{Value, json};
         let parse = |body: &Value, defaults: &TxOptions| {
             let bytes = Ok(Bytes::from(body.to_string()));
             parse_trans(bytes, defaults, &Limits::default())
@@ -322,9 +405,9 @@ mod tests {
                 // As `Engine::create_prepared` stores it: `--prepared-timeout-ms`.
                 stored.timeout_ms.get_or_insert(60_000);
             }
-            let hash = request_hash(first.identity.canonical());
+            let hash = first.identity.hash();
             let again = parse(&body, &today);
-            assert_ne!(request_hash(again.identity.canonical()), hash, "{body}");
+            assert_ne!(again.identity.hash(), hash, "{body}");
             assert!(again.identity.repeats(&hash, &stored), "{body}");
             let mut same = body.clone();
             same["retry_interval"] = json!(1);

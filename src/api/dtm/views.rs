@@ -4,8 +4,8 @@
 use serde_json::{Value, json};
 
 use crate::core::{Action, Branch, BranchStatus, Status};
+use crate::engine::StoredTx;
 use crate::outbound::redact::{redact_header_values, redact_userinfo, redacted};
-use crate::store::StoredTx;
 use crate::timestamp::rfc3339;
 
 /// DTM's name for a status. `stalled` has no DTM equivalent and is shown as such.

@@ -8,9 +8,9 @@ use axum::body::Bytes;
 use serde_json::{Value, json};
 
 use crate::api::native::{NewTransaction, check_create};
-use crate::api::validate::Limits;
+use crate::api::validate::{Limits, Stated};
 use crate::canonical::{CanonicalRequest, request_hash};
-use crate::core::TxOptions;
+use crate::core::{Action, Branch, Kind, SagaStep, TxOptions};
 
 /// `--prepared-timeout-ms`'s default, which the engine gives a TCC or msg that states no
 /// timeout, after hashing its request.
@@ -41,7 +41,7 @@ fn check(body: &Value, defaults: &TxOptions) -> (Arc<dyn CanonicalRequest>, TxOp
 fn create(body: &Value, defaults: &TxOptions) -> Stored {
     let (request, options) = check(body, defaults);
     Stored {
-        hash: request_hash(request.canonical()),
+        hash: request.hash(),
         options,
     }
 }
@@ -109,7 +109,7 @@ fn the_identical_request_repeats_whatever_the_defaults_are_today() {
         let stored = create(&body, &first);
         let (again, _) = check(&body, &today);
         // What broke: today's defaults give the repeat another hash.
-        assert_ne!(request_hash(again.canonical()), stored.hash, "{body}");
+        assert_ne!(again.hash(), stored.hash, "{body}");
         assert!(repeats(&stored, &body, &today), "{body}");
         assert!(repeats(&stored, &body, &first), "{body}");
     }
@@ -243,10 +243,157 @@ fn the_hashed_form_is_the_one_stored_hashes_were_made_of() {
             "orders": {},
         },
     });
-    assert_eq!(request.canonical(), &form);
+    assert_eq!(request.hash(), request_hash(&form));
     // The SHA-256 of that form's canonical text, as stored by every release so far.
     assert_eq!(
-        request_hash(request.canonical()),
+        request.hash(),
         "4c342be0a14a12e1736a6eedb558029199facac68538f627a5f9a2f4e137b683"
     );
+}
+
+/// The form as every release so far built it: a tree, hashed with `request_hash`. The
+/// identity writes its canonical text without one, and must hash exactly as this did.
+#[derive(serde::Serialize)]
+struct TreeForm<'a> {
+    gid: &'a str,
+    kind: Kind,
+    steps: Vec<(&'a str, &'a str, Value)>,
+    branches: Vec<(&'a str, &'a str, &'a str, Value)>,
+    query_prepared: Option<&'a str>,
+    options: &'a TxOptions,
+}
+
+fn tree_payload(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}
+
+fn tree_hash(form: TreeForm<'_>) -> String {
+    request_hash(&serde_json::to_value(form).unwrap())
+}
+
+/// Payload texts as both doors store them: the native door's compact JSON, DTM's any text
+/// (JSON with spaces and keys out of order, numbers in other spellings, keys given twice,
+/// text that is not JSON, an empty body).
+const PAYLOADS: [&str; 12] = [
+    "",
+    "x",
+    "1 2",
+    r#"{"n":1}"#,
+    r#" { "b" : [1.0, 2.50, 1e2], "a" : {"z": null, "y": "\u00e9"} } "#,
+    r#"{"a":1,"a":2.0}"#,
+    "18446744073709551616",
+    "-0",
+    "[]",
+    r#""quoted""#,
+    "nul\u{0}l",
+    "{\"deep\":[[[[{\"k\":[true,false,null]}]]]]}",
+];
+
+#[test]
+fn the_text_form_hashes_as_the_tree_form_did() {
+    let options = other_defaults();
+    let stored = TxOptions {
+        timeout_ms: Some(PREPARED_TIMEOUT_MS),
+        ..TxOptions::default()
+    };
+    for (i, text) in PAYLOADS.into_iter().enumerate() {
+        let gid = format!("g{i}");
+        let steps = [SagaStep {
+            action: "http://p/a?x=\"1\"".into(),
+            compensate: "http://p/c".into(),
+            payload: text.into(),
+        }];
+        let identity = crate::api::identity::saga(&gid, &steps, &options, Stated::default());
+        let tree = |options| TreeForm {
+            gid: &gid,
+            kind: Kind::Saga,
+            steps: vec![("http://p/a?x=\"1\"", "http://p/c", tree_payload(text))],
+            branches: Vec::new(),
+            query_prepared: None,
+            options,
+        };
+        assert_eq!(identity.hash(), tree_hash(tree(&options)), "{text}");
+        assert_eq!(
+            identity.hashes_as_of(&stored),
+            [tree_hash(tree(&Stated::default().onto(&stored)))],
+            "{text}"
+        );
+
+        let msg_steps = [("http://p/m".to_owned(), text.to_owned())];
+        let branch = Branch::new("b1", Action::Confirm, 0, "http://p/ok", text, 0);
+        for (kind, query) in [(Kind::Msg, Some("http://p/q")), (Kind::Tcc, Some(""))] {
+            let (msg, branches) = match kind {
+                Kind::Msg => (&msg_steps[..], &[][..]),
+                _ => (&[][..], std::slice::from_ref(&branch)),
+            };
+            let identity = crate::api::identity::prepared(
+                &gid,
+                kind,
+                msg,
+                branches,
+                query,
+                &options,
+                Stated::default(),
+            );
+            let tree = |options| TreeForm {
+                gid: &gid,
+                kind,
+                steps: msg
+                    .iter()
+                    .map(|(a, t)| (a.as_str(), "", tree_payload(t)))
+                    .collect(),
+                branches: branches
+                    .iter()
+                    .map(|b| {
+                        (
+                            &*b.branch_id,
+                            b.action.op(),
+                            &*b.url,
+                            tree_payload(&b.payload),
+                        )
+                    })
+                    .collect(),
+                query_prepared: query.filter(|q| !q.is_empty()),
+                options,
+            };
+            assert_eq!(
+                identity.hash(),
+                tree_hash(tree(&options)),
+                "{kind:?} {text}"
+            );
+            // With the stored timeout and without it: the first request may have had none.
+            let mut without = Stated::default().onto(&stored);
+            let with = without.clone();
+            without.timeout_ms = None;
+            assert_eq!(
+                identity.hashes_as_of(&stored),
+                [tree_hash(tree(&with)), tree_hash(tree(&without))],
+                "{kind:?} {text}"
+            );
+        }
+    }
+}
+
+/// A body as sent, keys twice and all: the payload stored is what the tree printed.
+#[test]
+fn a_payload_is_stored_as_the_tree_printed_it() {
+    let body = r#"{"kind": "saga", "gid": "g", "steps": [{"action": "http://p/a",
+        "compensate": "http://p/c", "payload": {"b": [1.0, 1e2, -0], "a": "\u00e9", "b": 7}}]}"#;
+    let checked = check_create(
+        Ok(Bytes::from(body)),
+        None,
+        &TxOptions::default(),
+        &Limits::default(),
+        0,
+    )
+    .unwrap();
+    let NewTransaction::Saga(saga) = checked.new else {
+        panic!("a saga")
+    };
+    let value: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(
+        saga.steps[0].payload,
+        value["steps"][0]["payload"].to_string()
+    );
+    assert_eq!(saga.steps[0].payload, r#"{"a":"é","b":7}"#);
 }

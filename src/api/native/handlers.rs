@@ -10,13 +10,12 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idem_types::ErrorView;
-use serde_json::Value;
 
 use super::requests::{
     ActionRequest, BranchSpec, CreateRequest, ListQuery, NewTransaction, RegisterRequest,
-    check_create, payload_text,
+    check_create,
 };
-use super::views::{PageView, RegisterView, TryView, TxView, page_view, tx_view};
+use super::views::{PageView, RegisterView, TryView, TxView, tx_view};
 use crate::api::AppState;
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
@@ -25,9 +24,8 @@ use crate::api::validate::{
     parse_body, registration_error,
 };
 use crate::auth::Role;
-use crate::core::{Action, Branch, CallOutcome, Kind, Status};
-use crate::engine::{NewPrepared, NewSaga};
-use crate::store::ListFilter;
+use crate::core::{Access, Action, Branch, CallOutcome, Kind, Status};
+use crate::engine::{ListFilter, NewPrepared, NewSaga};
 
 // The `#[utoipa::path]` attributes describe each route's success answers; `api::openapi`
 // adds the error answers (their codes) and the option ranges from the validation tables.
@@ -121,7 +119,7 @@ pub(super) async fn register(
 ) -> Result<Response, ApiError> {
     check_id("gid", "invalid_gid", &gid)?;
     let key = caller.key(&gid);
-    let (req, _): (RegisterRequest, Value) = parse_body(body, None)?;
+    let req: RegisterRequest = parse_body(body, None)?;
     let spec = BranchSpec {
         branch_id: req.branch_id.clone(),
         confirm: req.confirm,
@@ -132,19 +130,20 @@ pub(super) async fn register(
     let mut branches = spec.operations("", &app.limits, now)?.to_vec();
     if let Some(url) = &req.try_url {
         check_url("try", url)?;
-        let payload = payload_text(&spec.payload);
+        // The Confirm's text: the same payload.
+        let payload = Arc::clone(&branches[0].payload);
         branches.push(Branch::new(
             req.branch_id.as_str(),
             Action::Try,
             0,
             url.as_str(),
-            payload.as_str(),
+            payload,
             now,
         ));
     }
     app.check_outbound(caller.tenant(), branch_urls(&branches))?;
     app.engine
-        .register(&key, branches)
+        .register(&key, branches, caller.access())
         .await
         .map_err(registration_error)?;
     let Some(_) = req.try_url else {
@@ -224,13 +223,16 @@ async fn operate(
     }
     check_id("gid", "invalid_gid", &gid)?;
     let gid = caller.key(&gid);
-    let (req, _): (ActionRequest, Value) = parse_body(body, Some("{}"))?;
+    let req: ActionRequest = parse_body(body, Some("{}"))?;
     check_reason("reason", req.reason.as_deref())?;
     let reason = |default: &str| req.reason.clone().unwrap_or_else(|| default.into());
     let engine = &app.engine;
     let stored = match operation {
-        Operation::Submit => engine.submit(&gid).await?,
-        Operation::Abort => engine.abort(&gid, &reason("aborted by the client")).await?,
+        Operation::Submit => engine.submit(&gid, caller.access()).await?,
+        Operation::Abort => {
+            let reason = reason("aborted by the client");
+            engine.abort(&gid, &reason, caller.access()).await?
+        }
         Operation::Retry => engine.retry(&gid).await?,
         Operation::ForceStop => {
             let reason = reason("force-stopped by an operator");
@@ -329,7 +331,7 @@ pub(super) async fn force_stop(
     operation_id = "show",
     tag = "transactions",
     params(("gid" = String, Path, description = "The transaction's gid")),
-    responses((status = 200, description = "The transaction with its history of calls", body = TxView))
+    responses((status = 200, description = "The transaction with the newest of its history of calls (at most 100; `GET .../attempts` pages through the rest kept)", body = TxView))
 )]
 pub(super) async fn show(
     State(app): State<Arc<AppState>>,
@@ -338,9 +340,7 @@ pub(super) async fn show(
 ) -> Result<Json<TxView>, ApiError> {
     check_id("gid", "invalid_gid", &gid)?;
     let gid = caller.key(&gid);
-    let stored = app.engine.load(&gid).await?;
-    let history = app.engine.history(&gid).await?;
-    Ok(Json(tx_view(&stored, Some(history))))
+    Ok(Json(app.reads().view(&gid).await?))
 }
 
 #[utoipa::path(
@@ -375,13 +375,14 @@ pub(super) async fn list(
     let limit = list_limit("limit", q.limit, DEFAULT_LIST_LIMIT)?;
     let filter = ListFilter {
         tenant: Some(caller.tenant().to_owned()),
+        tokenless_only: caller.access() == Access::Tokenless,
         statuses: status.into_iter().collect(),
         kind,
         created_from: q.created_from,
         created_to: q.created_to,
         after,
         limit,
+        oldest_first: false,
     };
-    let page = app.engine.list(&filter).await?;
-    Ok(Json(page_view(&page)))
+    Ok(Json(app.reads().page(&filter).await?))
 }

@@ -132,13 +132,12 @@ pub(super) async fn overview(
             format!("minutes must be 1 to {MAX_MINUTES}"),
         ));
     }
-    let engine = &app.engine;
-    let now = engine.now();
+    let now = app.engine.now();
     let first = now - now % MINUTE_MS - Millis::from(minutes - 1) * MINUTE_MS;
-    let read = engine.overview(caller.tenant(), first, LIST).await?;
+    let read = app.reads().overview(caller.tenant(), first, LIST).await?;
     // Node names are the operator's business.
     let coordinators = if caller.0.role >= Role::Operator {
-        engine.coordinators(now - SEEN_WITHIN_MS).await?
+        app.reads().coordinators(now - SEEN_WITHIN_MS).await?
     } else {
         Vec::new()
     };

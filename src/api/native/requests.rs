@@ -2,18 +2,20 @@
 //! what the engine takes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use serde::Deserialize;
-use serde_json::{Number, Value};
+use idem_canonical::JsonText;
+use serde::{Deserialize, Deserializer};
+use serde_json::Number;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::api::error::ApiError;
 use crate::api::validate::{
-    Given, Limits, MAX_ATTEMPTS, MAX_IN_PROGRESS, MAX_RETRY_INTERVAL, Overrides, REQUEST_TIMEOUT,
-    RETRY_INTERVAL, Stated, TIMEOUT, branch_urls, check_branch_count, check_id, check_payload,
-    check_url, parse_body, parse_orders,
+    Capped, Given, Limits, MAX_ATTEMPTS, MAX_IN_PROGRESS, MAX_RETRY_INTERVAL, Overrides,
+    REQUEST_TIMEOUT, RETRY_INTERVAL, Stated, TIMEOUT, branch_urls, check_branch_count, check_id,
+    check_payload, check_url, parse_body_capped, parse_orders,
 };
 use crate::core::{Action, Branch, Kind, Millis, SagaStep, TxOptions};
 use crate::engine::{NewPrepared, NewSaga};
@@ -49,7 +51,7 @@ pub struct OptionsRequest {
 impl OptionsRequest {
     /// What the request states, with its ranges checked; laid over the server's defaults
     /// it is the new transaction's options.
-    pub fn check(self, steps: usize) -> Result<Stated, ApiError> {
+    pub fn check(self, steps: usize, limits: &Limits) -> Result<Stated, ApiError> {
         let numbers = [
             (&REQUEST_TIMEOUT, self.request_timeout_ms),
             (&RETRY_INTERVAL, self.retry_interval_ms),
@@ -65,7 +67,7 @@ impl OptionsRequest {
                 .collect(),
             branch_headers: self.branch_headers,
         };
-        let mut stated = overrides.check()?;
+        let mut stated = overrides.check(&limits.options)?;
         stated.concurrent = self.concurrent;
         stated.orders = parse_orders(self.orders, steps)
             .map_err(|m| ApiError::bad_request("invalid_options", m))?;
@@ -85,7 +87,20 @@ pub(super) struct StepRequest {
     /// Any JSON: its text is the body sent to the participant (null: an empty body).
     #[serde(default)]
     #[schema(value_type = Value)]
-    pub(super) payload: Value,
+    pub(super) payload: Payload,
+}
+
+/// A step's or branch's payload: any JSON, kept as the text sent to the participant
+/// (compact, keys in order, as `serde_json` prints it), not as a tree; null (or none) is
+/// an empty body.
+#[derive(Debug, Default)]
+pub(super) struct Payload(pub(super) String);
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Payload, D::Error> {
+        let text = Option::<JsonText>::deserialize(deserializer)?;
+        Ok(Payload(text.map(JsonText::into_string).unwrap_or_default()))
+    }
 }
 
 /// `POST /api/v1/transactions`.
@@ -97,7 +112,8 @@ pub(super) struct CreateRequest {
     #[schema(value_type = Kind)]
     pub(super) kind: String,
     #[serde(default)]
-    pub(super) steps: Vec<StepRequest>,
+    #[schema(value_type = Vec<StepRequest>)]
+    pub(super) steps: Capped<StepRequest>,
     #[serde(default)]
     pub(super) options: OptionsRequest,
     /// Msg: where idem asks whether the local transaction committed.
@@ -105,7 +121,8 @@ pub(super) struct CreateRequest {
     pub(super) query_prepared: Option<String>,
     /// TCC: branches to register with the transaction, in one request.
     #[serde(default)]
-    pub(super) branches: Vec<BranchSpec>,
+    #[schema(value_type = Vec<BranchSpec>)]
+    pub(super) branches: Capped<BranchSpec>,
     #[serde(default)]
     pub(super) wait_result: bool,
 }
@@ -121,7 +138,7 @@ pub(super) struct BranchSpec {
     pub(super) cancel: String,
     #[serde(default)]
     #[schema(value_type = Value)]
-    pub(super) payload: Value,
+    pub(super) payload: Payload,
 }
 
 impl BranchSpec {
@@ -136,9 +153,10 @@ impl BranchSpec {
         check_id("branch_id", "invalid_branch_id", &self.branch_id)?;
         check_url("confirm", &self.confirm)?;
         check_url("cancel", &self.cancel)?;
-        let payload = payload_text(&self.payload);
         let named = format!("{field}payload (branch {:?})", self.branch_id);
-        check_payload(&named, &payload, limits)?;
+        check_payload(&named, &self.payload.0, limits)?;
+        // One copy of the text for both operations.
+        let payload: Arc<str> = self.payload.0.as_str().into();
         // TCC branches have no order among them: Confirms (or Cancels) all go out together.
         Ok([
             Branch::new(
@@ -146,7 +164,7 @@ impl BranchSpec {
                 Action::Confirm,
                 0,
                 self.confirm.as_str(),
-                payload.as_str(),
+                Arc::clone(&payload),
                 now,
             ),
             Branch::new(
@@ -154,18 +172,10 @@ impl BranchSpec {
                 Action::Cancel,
                 0,
                 self.cancel.as_str(),
-                payload.as_str(),
+                payload,
                 now,
             ),
         ])
-    }
-}
-
-/// The body sent to a participant: the payload's JSON text; null means an empty body.
-pub(super) fn payload_text(payload: &Value) -> String {
-    match payload {
-        Value::Null => String::new(),
-        other => other.to_string(),
     }
 }
 
@@ -230,7 +240,8 @@ pub fn check_create(
     limits: &Limits,
     now: Millis,
 ) -> Result<CheckedCreate, ApiError> {
-    let (req, _): (CreateRequest, Value) = parse_body(body, None)?;
+    // A longer list of steps or branches is refused by its count below.
+    let req: CreateRequest = parse_body_capped(body, None, limits.max_branches)?;
     let kind: Kind = req.kind.parse().map_err(|_| {
         ApiError::bad_request(
             "unknown_kind",
@@ -277,26 +288,25 @@ pub fn check_create(
             if req.query_prepared.is_some() {
                 return invalid("query_prepared is for msg transactions");
             }
-            check_branch_count("steps", req.steps.len(), limits.max_branches)?;
+            check_branch_count("steps", req.steps.len, limits.max_branches)?;
             let mut steps = Vec::new();
-            for (i, s) in req.steps.iter().enumerate() {
+            for (i, s) in req.steps.kept.into_iter().enumerate() {
                 check_url(&format!("steps[{i}].action"), &s.action)?;
-                let compensate = s.compensate.as_deref().ok_or_else(|| {
+                let compensate = s.compensate.ok_or_else(|| {
                     ApiError::bad_request(
                         "invalid_request",
                         format!("steps[{i}].compensate is required for a saga"),
                     )
                 })?;
-                check_url(&format!("steps[{i}].compensate"), compensate)?;
-                let payload = payload_text(&s.payload);
-                check_payload(&format!("steps[{i}].payload"), &payload, limits)?;
+                check_url(&format!("steps[{i}].compensate"), &compensate)?;
+                check_payload(&format!("steps[{i}].payload"), &s.payload.0, limits)?;
                 steps.push(SagaStep {
-                    action: s.action.clone(),
-                    compensate: compensate.to_owned(),
-                    payload,
+                    action: s.action,
+                    compensate,
+                    payload: s.payload.0,
                 });
             }
-            let stated = req.options.check(steps.len())?;
+            let stated = req.options.check(steps.len(), limits)?;
             let options = stated.onto(defaults);
             let request = crate::api::identity::saga(&gid, &steps, &options, stated);
             NewTransaction::Saga(NewSaga {
@@ -305,6 +315,7 @@ pub fn check_create(
                 options,
                 request,
                 trace: None,
+                tokenless: false,
             })
         }
         Kind::Tcc | Kind::Msg => {
@@ -314,11 +325,11 @@ pub fn check_create(
             if kind == Kind::Msg && !req.branches.is_empty() {
                 return invalid("a msg takes steps, not branches");
             }
-            check_branch_count("branches", req.branches.len(), limits.max_branches)?;
-            check_branch_count("steps", req.steps.len(), limits.max_branches)?;
+            check_branch_count("branches", req.branches.len, limits.max_branches)?;
+            check_branch_count("steps", req.steps.len, limits.max_branches)?;
             let mut branches = Vec::new();
             let mut seen = std::collections::BTreeSet::new();
-            for (i, spec) in req.branches.iter().enumerate() {
+            for (i, spec) in req.branches.kept.iter().enumerate() {
                 if !seen.insert(spec.branch_id.as_str()) {
                     return Err(ApiError::bad_request(
                         "invalid_request",
@@ -334,19 +345,18 @@ pub fn check_create(
                 ));
             }
             let mut msg_steps = Vec::new();
-            for (i, s) in req.steps.iter().enumerate() {
+            for (i, s) in req.steps.kept.into_iter().enumerate() {
                 check_url(&format!("steps[{i}].action"), &s.action)?;
                 if s.compensate.is_some() {
                     return invalid("msg steps have no compensate");
                 }
-                let payload = payload_text(&s.payload);
-                check_payload(&format!("steps[{i}].payload"), &payload, limits)?;
-                msg_steps.push((s.action.clone(), payload));
+                check_payload(&format!("steps[{i}].payload"), &s.payload.0, limits)?;
+                msg_steps.push((s.action, s.payload.0));
             }
             if let Some(url) = &req.query_prepared {
                 check_url("query_prepared", url)?;
             }
-            let stated = req.options.check(req.steps.len())?;
+            let stated = req.options.check(msg_steps.len(), limits)?;
             let options = stated.onto(defaults);
             let request = crate::api::identity::prepared(
                 &gid,
@@ -366,6 +376,7 @@ pub fn check_create(
                 branches,
                 request,
                 trace: None,
+                tokenless: false,
             })
         }
     };
@@ -391,7 +402,7 @@ pub(super) struct RegisterRequest {
     pub(super) try_url: Option<String>,
     #[serde(default)]
     #[schema(value_type = Value)]
-    pub(super) payload: Value,
+    pub(super) payload: Payload,
 }
 
 /// The optional body of submit, abort, retry and force-stop.
@@ -426,13 +437,33 @@ pub(super) struct ListQuery {
 mod tests {
     use super::*;
     use crate::api::validate::OPTIONS;
+    use crate::api::validate::body_tests::{
+        REQUEST_FIELDS, assert_answers_as_the_tree_did, bodies,
+    };
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+        /// Read without a tree, a body is answered with the words the tree gave.
+        #[test]
+        fn bodies_are_answered_as_the_tree_did(text in bodies(REQUEST_FIELDS)) {
+            assert_answers_as_the_tree_did::<CreateRequest>(&text);
+            assert_answers_as_the_tree_did::<RegisterRequest>(&text);
+            assert_answers_as_the_tree_did::<ActionRequest>(&text);
+        }
+    }
 
     #[test]
     fn every_numeric_option_is_an_options_field_of_the_same_name() {
         for option in OPTIONS {
             let body = serde_json::json!({ option.name: option.max });
             let request: OptionsRequest = serde_json::from_value(body).unwrap();
-            let resolved = request.check(0).unwrap().onto(&TxOptions::default());
+            let open = Limits {
+                options: crate::api::validate::OptionLimits::OPEN,
+                ..Limits::default()
+            };
+            let resolved = request.check(0, &open).unwrap().onto(&TxOptions::default());
             assert_eq!(option.of(&resolved), Some(option.max), "{}", option.name);
         }
     }

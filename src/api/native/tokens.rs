@@ -11,15 +11,14 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::api::AppState;
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::validate::parse_body;
 use crate::auth::Role;
+use crate::auth::admin::TokenRecord;
 use crate::auth::tokens::{ID_LEN, IssueError};
-use crate::store::TokenRecord;
 
 /// `POST /api/v1/tokens`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -83,19 +82,19 @@ pub(super) async fn issue_token(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<IssuedView>), ApiError> {
     caller.require(Role::Admin, "tokens")?;
-    let (req, _): (IssueRequest, Value) = parse_body(body, None)?;
+    let req: IssueRequest = parse_body(body, None)?;
     let role: Role = req
         .role
         .parse()
         .map_err(|e: String| ApiError::bad_request("invalid_role", e))?;
     let label = req.label.unwrap_or_default();
     let issued = app
-        .engine
-        .issue_token(caller.tenant(), role, &label)
+        .tokens
+        .issue(caller.tenant(), role, &label, app.engine.now())
         .await
         .map_err(|e| match e {
             IssueError::Invalid(message) => ApiError::bad_request("invalid_text", message),
-            IssueError::Store(e) => crate::engine::EngineError::Store(e).into(),
+            IssueError::Store(e) => e.into(),
         })?;
     app.auth.refreshed().await;
     Ok((
@@ -120,7 +119,7 @@ pub(super) async fn list_tokens(
     caller: Caller,
 ) -> Result<Json<TokenList>, ApiError> {
     caller.require(Role::Admin, "tokens")?;
-    let tokens = app.engine.tokens().await?;
+    let tokens = app.tokens.list().await?;
     let tokens = tokens
         .into_iter()
         .filter(|t| t.tenant == caller.tenant())
@@ -157,14 +156,14 @@ pub(super) async fn revoke_token(
     }
     // Another tenant's token is not found: its id says nothing to this caller.
     let token = app
-        .engine
-        .tokens()
+        .tokens
+        .list()
         .await?
         .into_iter()
         .find(|t| t.id == id && t.tenant == caller.tenant() && t.revoked_at.is_none())
         .ok_or_else(not_found)?;
     let now = app.engine.now();
-    if !app.engine.revoke_token(&token.id, now).await? {
+    if !app.tokens.revoke(&token.id, now).await? {
         return Err(not_found());
     }
     app.auth.refreshed().await;

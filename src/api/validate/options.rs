@@ -2,8 +2,11 @@
 //! both front doors read. The native door names an option as `TxOptions` does, in
 //! milliseconds; the DTM door maps its own fields (in seconds) onto the same rows. So one
 //! bound judges both doors, and a value out of range is `400 invalid_options` on either,
-//! never clamped. `branch_headers`, the one option that is not a number, has the same name
-//! in both doors and is checked by [`check_headers`]. Listed in `docs/api.md`, "Limits".
+//! never clamped. Inside that range the server's operator may set a tighter bound on the
+//! options that make idem call more (attempts per call, the retry interval): a request
+//! past it is `400 option_limit`, whichever door it came through, and cannot raise it.
+//! `branch_headers`, the one option that is not a number, has the same name in both
+//! doors and is checked by [`check_headers`]. Listed in `docs/api.md`, "Limits".
 
 use std::collections::BTreeMap;
 
@@ -49,8 +52,58 @@ pub struct OptionBound {
     /// ...) may replace; `None`: unset (no global timeout; TCC and msg get the server's
     /// `--prepared-timeout-ms`).
     pub default: Option<u64>,
+    /// The operator's tighter bound inside `min..=max`, if it has one.
+    pub limit: Option<ServerLimit>,
     get: fn(&TxOptions) -> Option<u64>,
     set: fn(&mut TxOptions, u64),
+}
+
+/// A bound the server's operator sets on an option (see [`OptionLimits`]), in idem's unit.
+#[derive(Debug)]
+pub struct ServerLimit {
+    /// True: the least a request may ask for; false: the most.
+    pub is_minimum: bool,
+    /// The `idem serve` flag that sets it.
+    pub flag: &'static str,
+    pub of: fn(&OptionLimits) -> u64,
+}
+
+/// The server's bounds on the options that make idem call more: what a request may ask
+/// within the table's range, and no more (`400 option_limit`). Attempts per call times
+/// the calls of a round is what one request can make idem send, and the retry interval
+/// how fast; the call budget (`--max-calls-per-transaction`, the engine's) bounds the
+/// total whatever the options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptionLimits {
+    /// `max_attempts` (DTM's `retry_limit`), at most (`--max-attempts-limit`).
+    pub max_attempts: u32,
+    /// `retry_interval_ms` (DTM's `retry_interval`), at least (`--min-retry-interval-ms`).
+    pub min_retry_interval_ms: u64,
+}
+
+/// `--max-attempts-limit`'s default: eight times the default `max_attempts`, with the
+/// retry interval doubling to its cap, hours of retrying.
+pub const DEFAULT_MAX_ATTEMPTS_LIMIT: u32 = 100;
+/// `--min-retry-interval-ms`'s default: one branch is called at most about a hundred
+/// times a second (two hundred with the jitter, which spreads a delay over its upper
+/// half), in progress or not, until its backoff or the budget stops it.
+pub const DEFAULT_MIN_RETRY_INTERVAL_MS: u64 = 10;
+
+impl Default for OptionLimits {
+    fn default() -> OptionLimits {
+        OptionLimits {
+            max_attempts: DEFAULT_MAX_ATTEMPTS_LIMIT,
+            min_retry_interval_ms: DEFAULT_MIN_RETRY_INTERVAL_MS,
+        }
+    }
+}
+
+impl OptionLimits {
+    /// No bound but the table's.
+    pub const OPEN: OptionLimits = OptionLimits {
+        max_attempts: 10_000,
+        min_retry_interval_ms: 1,
+    };
 }
 
 const DAY_MS: u64 = 86_400_000;
@@ -64,6 +117,7 @@ pub static REQUEST_TIMEOUT: OptionBound = OptionBound {
     min: 1,
     max: 600_000,
     default: Some(5_000),
+    limit: None,
     get: |o| Some(o.request_timeout_ms),
     set: |o, v| o.request_timeout_ms = v,
 };
@@ -75,6 +129,11 @@ pub static RETRY_INTERVAL: OptionBound = OptionBound {
     min: 1,
     max: 3_600_000,
     default: Some(1_000),
+    limit: Some(ServerLimit {
+        is_minimum: true,
+        flag: "--min-retry-interval-ms",
+        of: |l| l.min_retry_interval_ms,
+    }),
     get: |o| Some(o.retry_interval_ms),
     set: |o, v| o.retry_interval_ms = v,
 };
@@ -86,6 +145,7 @@ pub static MAX_RETRY_INTERVAL: OptionBound = OptionBound {
     min: 1,
     max: DAY_MS,
     default: Some(60_000),
+    limit: None,
     get: |o| Some(o.max_retry_interval_ms),
     set: |o, v| o.max_retry_interval_ms = v,
 };
@@ -98,6 +158,11 @@ pub static MAX_ATTEMPTS: OptionBound = OptionBound {
     min: 1,
     max: 10_000,
     default: Some(12),
+    limit: Some(ServerLimit {
+        is_minimum: false,
+        flag: "--max-attempts-limit",
+        of: |l| u64::from(l.max_attempts),
+    }),
     get: |o| Some(u64::from(o.max_attempts)),
     set: |o, v| o.max_attempts = u32::try_from(v).expect("bounded by MAX_ATTEMPTS.max"),
 };
@@ -109,6 +174,7 @@ pub static MAX_IN_PROGRESS: OptionBound = OptionBound {
     min: 1,
     max: 30 * DAY_MS,
     default: Some(DEFAULT_MAX_IN_PROGRESS_MS),
+    limit: None,
     get: |o| Some(o.max_in_progress_ms),
     set: |o, v| o.max_in_progress_ms = v,
 };
@@ -122,6 +188,7 @@ pub static TIMEOUT: OptionBound = OptionBound {
     min: 1,
     max: 30 * DAY_MS,
     default: None,
+    limit: None,
     get: |o| o.timeout_ms,
     set: |o, v| o.timeout_ms = Some(v),
 };
@@ -185,11 +252,12 @@ impl Given {
         }
     }
 
-    /// In idem's unit, if an integer within the option's bounds.
-    fn resolve(&self) -> Result<u64, ApiError> {
+    /// In idem's unit, if an integer within the option's bounds and the server's limit.
+    fn resolve(&self, limits: &OptionLimits) -> Result<u64, ApiError> {
         let (factor, unit) = self.unit.scale();
         let (min, max) = (self.option.min, self.option.max);
-        self.value
+        let value = self
+            .value
             .as_u64()
             .and_then(|v| v.checked_mul(factor))
             .filter(|v| (min..=max).contains(v))
@@ -204,7 +272,27 @@ impl Given {
                         self.value
                     ),
                 )
-            })
+            })?;
+        let Some(limit) = &self.option.limit else {
+            return Ok(value);
+        };
+        let bound = (limit.of)(limits);
+        let (past, most_or_least, shown) = if limit.is_minimum {
+            (value < bound, "least", bound.div_ceil(factor))
+        } else {
+            (value > bound, "most", bound / factor)
+        };
+        if !past {
+            return Ok(value);
+        }
+        Err(ApiError::bad_request(
+            OPTION_LIMIT,
+            format!(
+                "{} is {}{unit}; this server allows at {most_or_least} {shown}{unit} \
+                 (idem serve {})",
+                self.field, self.value, limit.flag
+            ),
+        ))
     }
 }
 
@@ -217,13 +305,17 @@ pub struct Overrides {
     pub branch_headers: BTreeMap<String, String>,
 }
 
+/// The code of a request refused for passing a server's [`OptionLimits`].
+pub const OPTION_LIMIT: &str = "option_limit";
+
 impl Overrides {
-    /// The values in idem's units, if every one is in range and the headers are valid.
-    pub fn check(mut self) -> Result<Stated, ApiError> {
+    /// The values in idem's units, if every one is in range, within the server's
+    /// `limits`, and the headers are valid.
+    pub fn check(mut self, limits: &OptionLimits) -> Result<Stated, ApiError> {
         self.given.sort_by_key(|g| g.option.position());
         let mut numbers = Vec::with_capacity(self.given.len());
         for given in &self.given {
-            numbers.push((given.option, given.resolve()?));
+            numbers.push((given.option, given.resolve(limits)?));
         }
         check_headers(&self.branch_headers)?;
         Ok(Stated {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::core::TxOptions;
+use axum::http::StatusCode;
 use serde_json::Number;
 
 fn code(r: Result<(), ApiError>) -> Option<&'static str> {
@@ -159,7 +160,7 @@ fn numeric_options_are_integers_in_range() {
             given: vec![given],
             ..Overrides::default()
         }
-        .check()
+        .check(&OptionLimits::OPEN)
         .map(|stated| stated.onto(&base))
     };
     let max_ms = TIMEOUT.max;
@@ -198,7 +199,9 @@ fn every_option_has_its_bound() {
                 given: vec![Given::native(option, number(serde_json::json!(v)))],
                 ..Overrides::default()
             };
-            let resolved = o.check().map(|s| s.onto(&TxOptions::default()));
+            let resolved = o
+                .check(&OptionLimits::OPEN)
+                .map(|s| s.onto(&TxOptions::default()));
             assert_eq!(resolved.is_ok(), ok, "{v} of {max}");
             if let Ok(resolved) = resolved {
                 assert_eq!(option.of(&resolved), Some(v), "{}", option.name);
@@ -212,8 +215,80 @@ fn every_option_has_its_bound() {
         ],
         ..Overrides::default()
     };
-    let resolved = o.check().unwrap().onto(&TxOptions::default());
+    let resolved = o
+        .check(&OptionLimits::OPEN)
+        .unwrap()
+        .onto(&TxOptions::default());
     assert_eq!((resolved.max_attempts, resolved.max_in_progress_ms), (7, 9));
+}
+
+#[test]
+fn the_servers_limits_refuse_past_them_through_either_door() {
+    let limits = OptionLimits {
+        max_attempts: 100,
+        min_retry_interval_ms: 2_000,
+    };
+    let check = |given: Given| {
+        Overrides {
+            given: vec![given],
+            ..Overrides::default()
+        }
+        .check(&limits)
+        .map(|s| s.onto(&TxOptions::default()))
+    };
+    let attempts = |v: u64| check(Given::native(&MAX_ATTEMPTS, number(serde_json::json!(v))));
+    assert_eq!(attempts(100).unwrap().max_attempts, 100);
+    let e = attempts(10_000).unwrap_err();
+    assert_eq!(e.code, "option_limit");
+    assert_eq!(
+        e.message,
+        "max_attempts is 10000; this server allows at most 100 (idem serve --max-attempts-limit)"
+    );
+    // Past the table too: the table's code, as before.
+    assert_eq!(attempts(10_001).unwrap_err().code, "invalid_options");
+    let e = check(Given::dtm(&MAX_ATTEMPTS, number(serde_json::json!(101)))).unwrap_err();
+    assert_eq!(e.code, "option_limit");
+    assert!(
+        e.message.starts_with("retry_limit is 101;"),
+        "{}",
+        e.message
+    );
+
+    let interval = |v: u64| {
+        check(Given::native(&RETRY_INTERVAL, number(serde_json::json!(v))))
+            .map(|o| o.retry_interval_ms)
+    };
+    assert_eq!(interval(2_000), Ok(2_000));
+    let e = interval(1).unwrap_err();
+    assert_eq!(e.code, "option_limit");
+    assert_eq!(
+        e.message,
+        "retry_interval_ms is 1 ms; this server allows at least 2000 ms \
+         (idem serve --min-retry-interval-ms)"
+    );
+    // DTM's seconds: 1 s is under 2,000 ms, 2 s is not.
+    let dtm = |v: u64| check(Given::dtm(&RETRY_INTERVAL, number(serde_json::json!(v))));
+    let e = dtm(1).unwrap_err();
+    assert_eq!(e.code, "option_limit");
+    assert!(
+        e.message
+            .starts_with("retry_interval is 1 seconds; this server allows at least 2 seconds"),
+        "{}",
+        e.message
+    );
+    assert_eq!(dtm(2).unwrap().retry_interval_ms, 2_000);
+    // Only the two options that make idem call more have a server limit.
+    let limited: Vec<&str> = OPTIONS
+        .iter()
+        .filter(|o| o.limit.is_some())
+        .map(|o| o.name)
+        .collect();
+    assert_eq!(limited, ["retry_interval_ms", "max_attempts"]);
+    // The defaults are inside the table, and so are the server's own defaults.
+    let defaults = OptionLimits::default();
+    assert!(defaults.max_attempts as u64 <= MAX_ATTEMPTS.max);
+    assert!(TxOptions::default().max_attempts <= defaults.max_attempts);
+    assert!(TxOptions::default().retry_interval_ms >= defaults.min_retry_interval_ms);
 }
 
 #[test]
@@ -260,7 +335,7 @@ fn the_first_bad_option_in_table_order_is_the_one_reported() {
         ],
         ..Overrides::default()
     };
-    let e = o.check().unwrap_err();
+    let e = o.check(&OptionLimits::OPEN).unwrap_err();
     assert!(e.message.starts_with("request_timeout "), "{}", e.message);
 }
 

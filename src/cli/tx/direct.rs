@@ -8,13 +8,18 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{BoxError, ListQuery, Operation};
+use super::{BoxError, ListQuery, Operation, SelectArgs};
 use crate::api::error::ApiError;
-use crate::api::native::{page_view, tx_view};
-use crate::api::validate::{check_id, check_reason, decode_cursor};
+use crate::api::native::{bulk_view, page_view, tx_view};
+use crate::api::validate::{
+    DEFAULT_LIST_LIMIT, check_id, check_reason, decode_cursor_with, list_limit,
+};
 use crate::cli::redact;
-use crate::engine::{Engine, EngineConfig, EngineError, SystemClock};
-use crate::store::{self, ConnectOptions, ListFilter, Store};
+use crate::core::Access;
+use crate::engine::{
+    BulkRequest, Engine, EngineConfig, EngineError, ListFilter, MAX_BULK, SystemClock,
+};
+use crate::store::{self, ConnectOptions};
 use crate::transport::HttpTransport;
 
 /// On the database every tenant's transactions are reachable: a gid of the default tenant,
@@ -24,16 +29,6 @@ fn check_key(key: &str) -> Result<(), ApiError> {
         crate::tenant::check_tenant(tenant).map_err(|e| ApiError::bad_request("invalid_gid", e))?;
     }
     check_id("gid", "invalid_gid", crate::tenant::client_gid(key))
-}
-
-/// A cursor of [`Direct::list`]: `<created_at>:<key>`.
-fn decode_key_cursor(cursor: &str) -> Result<(crate::core::Millis, String), ApiError> {
-    let (at, key) = cursor.split_once(':').unwrap_or(("", cursor));
-    let (at, _) = decode_cursor("cursor", &format!("{at}:g"))?;
-    check_key(key).map_err(|_| {
-        ApiError::bad_request("invalid_query", "the cursor is not one this command gave")
-    })?;
-    Ok((at, key.to_owned()))
 }
 
 pub(super) struct Direct {
@@ -63,15 +58,6 @@ impl Direct {
         let store = store::connect_existing(url, &options)
             .await
             .map_err(|e| format!("cannot open {shown}: {e}"))?;
-        // A database without idem's tables is the wrong one; say so before any command
-        // reports "not found" or an empty list.
-        let probe = ListFilter {
-            limit: 1,
-            ..ListFilter::default()
-        };
-        store.list(&probe).await.map_err(|e| {
-            format!("cannot read idem's tables in {shown}: {e}. Is it the coordinator's database? (`idem serve` or `idem migrate` creates them.)")
-        })?;
         let config = EngineConfig {
             drive: false,
             ..EngineConfig::default()
@@ -82,39 +68,42 @@ impl Direct {
             Arc::new(SystemClock),
             config,
         );
+        // A database without idem's tables is the wrong one; say so before any command
+        // reports "not found" or an empty list.
+        let probe = ListFilter {
+            limit: 1,
+            ..ListFilter::default()
+        };
+        engine.reads().list(&probe).await.map_err(|e| {
+            format!("cannot read idem's tables in {shown}: {e}. Is it the coordinator's database? (`idem serve` or `idem migrate` creates them.)")
+        })?;
         Ok(Direct { engine, url: shown })
     }
 
-    fn store(&self) -> &dyn Store {
-        self.engine.store().as_ref()
-    }
-
     pub(super) async fn list(&self, query: &ListQuery) -> Result<Value, BoxError> {
-        // The API's checks, so both ways refuse the same.
-        if !(1..=1_000).contains(&query.limit) {
-            return Err(api_error(ApiError::bad_request(
-                "invalid_query",
-                "limit must be 1..=1000",
-            )));
-        }
+        // The API's checks, so both ways refuse the same; every tenant's rows are listed
+        // here, so a cursor ends in a storage key (`tenant/gid`), not a gid.
+        let limit =
+            list_limit("limit", Some(query.limit), DEFAULT_LIST_LIMIT).map_err(api_error)?;
         let after = query
             .cursor
             .as_deref()
-            .map(decode_key_cursor)
+            .map(|cursor| decode_cursor_with("cursor", cursor, check_key))
             .transpose()
             .map_err(api_error)?;
         let filter = ListFilter {
             statuses: query.status.into_iter().collect(),
             kind: query.kind,
             after,
-            limit: query.limit,
+            limit,
             ..ListFilter::default()
         };
         let page = self
-            .store()
+            .engine
+            .reads()
             .list(&filter)
             .await
-            .map_err(|e| self.database_error(e.into()))?;
+            .map_err(|e| self.engine_error(e))?;
         let mut view = page_view(&page);
         // Every tenant's rows are listed here: the cursor keeps the key, not the gid.
         view.next_cursor = page.next.as_ref().map(|(at, key)| format!("{at}:{key}"));
@@ -123,17 +112,13 @@ impl Direct {
 
     pub(super) async fn show(&self, gid: &str) -> Result<Value, BoxError> {
         check_key(gid).map_err(api_error)?;
-        let stored = self
+        let view = self
             .engine
-            .load(gid)
+            .reads()
+            .view(gid)
             .await
             .map_err(|e| self.engine_error(e))?;
-        let history = self
-            .store()
-            .attempts(gid)
-            .await
-            .map_err(|e| self.database_error(e.into()))?;
-        Ok(serde_json::to_value(tx_view(&stored, Some(history)))?)
+        Ok(serde_json::to_value(view)?)
     }
 
     pub(super) async fn operate(
@@ -148,10 +133,53 @@ impl Direct {
         let stored = match op {
             Operation::Retry => engine.retry(gid).await,
             Operation::ForceStop => engine.force_stop(gid, reason).await,
-            Operation::Abort => engine.abort(gid, reason).await,
+            Operation::Abort => engine.abort(gid, reason, Access::Tenant).await,
         }
         .map_err(|e| self.engine_error(e))?;
         Ok(serde_json::to_value(tx_view(&stored, None))?)
+    }
+
+    /// The engine's bulk action over every tenant (or `--tenant`'s), answered as the API's.
+    pub(super) async fn bulk(
+        &self,
+        select: &SelectArgs,
+        op: Operation,
+        reason: Option<&str>,
+    ) -> Result<Value, BoxError> {
+        let status = select.status.ok_or("a bulk action needs --status")?;
+        if let Some(tenant) = &select.tenant {
+            crate::tenant::check_tenant(tenant)
+                .map_err(|e| api_error(ApiError::bad_request("invalid_tenant", e)))?;
+        }
+        check_reason("reason", reason).map_err(api_error)?;
+        let limit = select.limit.unwrap_or(100);
+        if !(1..=MAX_BULK).contains(&limit) {
+            return Err(format!("invalid_limit: limit {limit}: 1 to {MAX_BULK}").into());
+        }
+        let created_to = select.older_than.map(|age| {
+            let age = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+            self.engine.now().saturating_sub(age)
+        });
+        let request = BulkRequest {
+            operation: op.bulk(),
+            filter: ListFilter {
+                tenant: select.tenant.clone(),
+                statuses: vec![status],
+                kind: select.kind,
+                created_to,
+                limit,
+                ..ListFilter::default()
+            },
+            reason: reason.unwrap_or_default().to_owned(),
+            dry_run: select.dry_run,
+        };
+        let report = self
+            .engine
+            .bulk(&request, Access::Tenant)
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        let view = bulk_view(report, op.bulk(), select.dry_run, true);
+        Ok(serde_json::to_value(view)?)
     }
 
     /// The engine's refusals as the API words them (`code: message`); database failures

@@ -16,9 +16,12 @@ use serde_json::Value;
 use super::BoxError;
 use crate::core::{Kind, Status};
 
+mod bulk;
 mod direct;
 mod remote;
 mod render;
+
+pub use bulk::SelectArgs;
 
 /// The address `idem serve` listens on unless told otherwise.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8686";
@@ -68,7 +71,7 @@ pub enum TxCommand {
         #[arg(long)]
         kind: Option<Kind>,
         /// At most this many (1-1000).
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = crate::api::validate::DEFAULT_LIST_LIMIT)]
         limit: u32,
         /// Continue a listing where the last page ended (the `next_cursor` it printed).
         #[arg(long)]
@@ -86,29 +89,41 @@ pub enum TxCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Resume a stalled transaction (or make a backing-off one due now).
+    /// Resume a stalled transaction (or make a backing-off one due now); with --status
+    /// instead of a gid, every one the filter selects.
     Retry {
         #[command(flatten)]
         target: TargetArgs,
-        gid: String,
+        #[arg(required_unless_present = "status")]
+        gid: Option<String>,
+        #[command(flatten)]
+        select: SelectArgs,
         #[arg(long)]
         json: bool,
     },
-    /// Mark a transaction failed and call nothing more for it.
+    /// Mark a transaction failed and call nothing more for it; with --status instead of a
+    /// gid, every one the filter selects.
     ForceStop {
         #[command(flatten)]
         target: TargetArgs,
-        gid: String,
+        #[arg(required_unless_present = "status")]
+        gid: Option<String>,
+        #[command(flatten)]
+        select: SelectArgs,
         #[arg(long, default_value = "force-stopped by an operator")]
         reason: String,
         #[arg(long)]
         json: bool,
     },
-    /// Roll back a prepared TCC (its Cancels are called) or msg transaction.
+    /// Roll back a prepared TCC (its Cancels are called) or msg transaction; with --status
+    /// instead of a gid, every one the filter selects.
     Abort {
         #[command(flatten)]
         target: TargetArgs,
-        gid: String,
+        #[arg(required_unless_present = "status")]
+        gid: Option<String>,
+        #[command(flatten)]
+        select: SelectArgs,
         #[arg(long, default_value = "aborted by an operator")]
         reason: String,
         #[arg(long)]
@@ -251,21 +266,35 @@ pub(super) async fn run(cmd: TxCommand) -> Result<(), BoxError> {
                 render::show(&tx)?
             }
         }
-        TxCommand::Retry { target, gid, json } => {
-            operate(&target, &gid, Operation::Retry, "", json).await?
-        }
+        TxCommand::Retry {
+            target,
+            gid,
+            select,
+            json,
+        } => match gid {
+            Some(gid) => operate(&target, &gid, Operation::Retry, "", json).await?,
+            None => bulk::run(&target, &select, Operation::Retry, None, json).await?,
+        },
         TxCommand::ForceStop {
             target,
             gid,
+            select,
             reason,
             json,
-        } => operate(&target, &gid, Operation::ForceStop, &reason, json).await?,
+        } => match gid {
+            Some(gid) => operate(&target, &gid, Operation::ForceStop, &reason, json).await?,
+            None => bulk::run(&target, &select, Operation::ForceStop, Some(&reason), json).await?,
+        },
         TxCommand::Abort {
             target,
             gid,
+            select,
             reason,
             json,
-        } => operate(&target, &gid, Operation::Abort, &reason, json).await?,
+        } => match gid {
+            Some(gid) => operate(&target, &gid, Operation::Abort, &reason, json).await?,
+            None => bulk::run(&target, &select, Operation::Abort, Some(&reason), json).await?,
+        },
     };
     emit(&text)
 }

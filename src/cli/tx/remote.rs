@@ -36,7 +36,7 @@ impl Remote {
             .ok_or_else(|| {
                 format!("invalid server URL {server:?}: use http://host:port, e.g. http://127.0.0.1:8686")
             })?;
-        crate::transport::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         let mut http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT);
@@ -93,6 +93,12 @@ impl Remote {
             Operation::Abort => raw.abort(gid, Some(reason), false).await,
         };
         answer.map_err(|e| self.explain(e, &self.url(&[gid, op.path()])))
+    }
+
+    /// `POST /api/v1/bulk` with `request` (see `bulk.rs`).
+    pub(super) async fn bulk(&self, request: &Value) -> Result<Value, BoxError> {
+        let answer = self.client.raw().bulk(request).await;
+        answer.map_err(|e| self.explain(e, &self.client.bulk_url()))
     }
 
     /// The API's errors come back as `code: message`; a coordinator that cannot be

@@ -21,6 +21,12 @@ struct Tx {
     reason: Option<String>,
     last_error: Option<String>,
     attempts: i64,
+    #[serde(default)]
+    calls: i64,
+    #[serde(default)]
+    history_total: i64,
+    #[serde(default)]
+    history_dropped: i64,
     timeout_at: Option<Millis>,
     next_attempt_at: Option<Millis>,
     created_at: Millis,
@@ -48,6 +54,8 @@ struct Branch {
 
 #[derive(Debug, Deserialize)]
 struct Attempt {
+    #[serde(default)]
+    number: i64,
     branch_id: String,
     action: String,
     attempt: i64,
@@ -123,6 +131,7 @@ pub(super) fn show(value: &Value) -> Result<String, BoxError> {
         ("kind", tx.kind.clone()),
         ("status", status),
         ("attempts", tx.attempts.to_string()),
+        ("calls", tx.calls.to_string()),
         ("created", rfc3339(tx.created_at)),
         ("updated", rfc3339(tx.updated_at)),
         ("next attempt", time(tx.next_attempt_at)),
@@ -168,10 +177,12 @@ pub(super) fn show(value: &Value) -> Result<String, BoxError> {
     ));
     if let Some(history) = &tx.history {
         out.push_str("\ncalls that did not succeed\n");
+        out.push_str(&history_note(&tx, history.len()));
         let rows = history
             .iter()
             .map(|a| {
                 vec![
+                    a.number.to_string(),
                     a.branch_id.clone(),
                     a.action.clone(),
                     a.attempt.to_string(),
@@ -184,7 +195,7 @@ pub(super) fn show(value: &Value) -> Result<String, BoxError> {
             .collect();
         out.push_str(&table(
             &[
-                "BRANCH", "ACTION", "ATTEMPT", "STARTED", "DURATION", "OUTCOME", "DETAIL",
+                "#", "BRANCH", "ACTION", "ATTEMPT", "STARTED", "DURATION", "OUTCOME", "DETAIL",
             ],
             rows,
         ));
@@ -192,10 +203,80 @@ pub(super) fn show(value: &Value) -> Result<String, BoxError> {
     Ok(out)
 }
 
+/// What of the history the table leaves out: the oldest records the server no longer
+/// keeps, and the kept ones older than those shown.
+fn history_note(tx: &Tx, shown: usize) -> String {
+    let mut note = String::new();
+    if tx.history_dropped > 0 {
+        note.push_str(&format!(
+            "{} older not kept (the server keeps the newest {} of each transaction)\n",
+            tx.history_dropped,
+            tx.history_total - tx.history_dropped
+        ));
+    }
+    let kept = tx.history_total - tx.history_dropped;
+    if (shown as i64) < kept {
+        note.push_str(&format!(
+            "the newest {shown} of {kept} kept; all: GET /api/v1/transactions/{}/attempts\n",
+            tx.gid
+        ));
+    }
+    note
+}
+
 /// One line for a command that changed a transaction: `gid: status`.
 pub(super) fn outcome(value: &Value) -> Result<String, BoxError> {
     let tx: Tx = parse(value, "transaction")?;
     Ok(format!("{}: {}", tx.gid, tx.status))
+}
+
+/// A bulk action's answer: one row per selected transaction, then what the call did.
+pub(super) fn bulk(value: &Value) -> Result<String, BoxError> {
+    #[derive(serde::Deserialize)]
+    struct Item {
+        gid: String,
+        before: String,
+        after: Option<String>,
+        error: Option<ErrorItem>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ErrorItem {
+        code: String,
+        message: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Bulk {
+        operation: String,
+        dry_run: bool,
+        more: bool,
+        results: Vec<Item>,
+    }
+    let bulk: Bulk = parse(value, "bulk action")?;
+    let refused = bulk.results.iter().filter(|i| i.error.is_some()).count();
+    let rows = bulk
+        .results
+        .iter()
+        .map(|item| {
+            let outcome = match (&item.after, &item.error) {
+                (_, Some(e)) => format!("refused: {}: {}", e.code, clean(&e.message)),
+                (Some(after), None) => after.clone(),
+                (None, None) => format!("would {}", bulk.operation.replace('_', "-")),
+            };
+            vec![clean(&item.gid), item.before.clone(), outcome]
+        })
+        .collect();
+    let mut out = table(&["GID", "BEFORE", "OUTCOME"], rows);
+    let n = bulk.results.len();
+    out.push_str(&if bulk.dry_run {
+        format!("dry run: {n} selected, nothing changed")
+    } else {
+        format!("{n} selected, {} done, {refused} refused", n - refused)
+    });
+    if bulk.more {
+        out.push_str("; more match: run the command again for the next ones");
+    }
+    out.push('\n');
+    Ok(out)
 }
 
 fn time(ms: Option<Millis>) -> String {
@@ -304,6 +385,31 @@ mod tests {
             out.contains("2026-11-30T02:46:42.600Z  3 ms      unknown  HTTP 500\n"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn show_says_what_of_the_history_is_not_kept_or_not_shown() {
+        let mut tx = view();
+        assert!(!show(&tx).unwrap().contains("not kept"));
+        tx["calls"] = json!(250);
+        tx["history_total"] = json!(250);
+        tx["history_dropped"] = json!(150);
+        tx["history"][0]["number"] = json!(250);
+        let out = show(&tx).unwrap();
+        assert!(out.contains("calls        250\n"), "{out}");
+        assert!(
+            out.contains(
+                "150 older not kept (the server keeps the newest 100 of each transaction)\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "the newest 1 of 100 kept; all: GET /api/v1/transactions/order-1/attempts\n"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("\n250  01      confirm"), "{out}");
     }
 
     #[test]

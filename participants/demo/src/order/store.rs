@@ -148,20 +148,18 @@ pub async fn settlement(
         .collect()
 }
 
-/// The UTC calendar day of a Unix-millisecond time, `YYYY-MM-DD` (civil-from-days, so no
-/// date crate for one conversion).
+/// The UTC calendar day of a Unix-millisecond time, `YYYY-MM-DD`. The time is the order
+/// service's clock; one outside what a date can hold is a broken clock.
 pub fn business_date(unix_ms: i64) -> String {
-    let days = unix_ms.div_euclid(86_400_000);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000)
+        .expect("the order service's clock reads a time within the years a date can hold");
+    let day = at.date();
+    format!(
+        "{:04}-{:02}-{:02}",
+        day.year(),
+        u8::from(day.month()),
+        day.day()
+    )
 }
 
 #[cfg(test)]

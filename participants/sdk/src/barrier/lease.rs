@@ -1,6 +1,6 @@
 //! The barrier's second mode, for a branch step with an external side effect (a Try that
 //! charges a card through a payment provider): the seed's mode 2 (§12) applied to the
-//! (gid, branch, op) key of §23, answering repeats as §13 says and failures as §27 says.
+//! (tenant, gid, branch, op) key of §23, answering repeats as §13 says and failures as §27 says.
 //!
 //! The ordinary barrier runs the step inside one local transaction, which is right only
 //! when the whole effect is local: an HTTP call inside it may happen and then be rolled
@@ -72,20 +72,24 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 mod sql;
+mod types;
 
+pub(crate) use sql::add_lease_columns;
 pub use sql::upgrade_barrier_table_for_lease;
 use sql::{
-    Decision, RowView, claim_tx, conditional_tx, decide, guard_tx, is_executed_by, key_args,
-    key_where, read_row, record_args, record_set, settled, to_json,
+    Decision, KEY_WHERE, RowView, claim_tx, conditional_tx, decide, guard_tx, is_executed_by,
+    key_args, read_row, record_args, record_set, settled, to_json,
 };
+pub use types::{Claimed, Completion, Fact, FactSource, LeaseTicket, StepRef};
 
 use super::rows::{Existing, outcome_col};
-use super::step::StepConnections;
-use super::{Barrier, Op, Outcome, TransType};
+use super::{Barrier, Outcome};
 use crate::backend::Arg;
 use crate::error::ParticipantError;
-use crate::kit::local::{exec, run_local};
-use crate::kit::{SharedClock, new_owner_token, system_clock};
+use crate::kit::local::exec;
+use crate::kit::{
+    Op, SharedClock, StepConnections, StepTx, new_owner_token, run_local, system_clock,
+};
 
 /// Lease-mode claims by outcome.
 pub const BARRIER_LEASE: &str = "idem_participant_barrier_lease_total";
@@ -102,91 +106,6 @@ pub fn describe() {
 
 fn count(outcome: &'static str) {
     metrics::counter!(BARRIER_LEASE, "outcome" => outcome).increment(1);
-}
-
-/// The step a [`FactSource`] is asked about.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepRef {
-    /// The transaction kind.
-    pub trans_type: TransType,
-    /// The global transaction's id.
-    pub gid: String,
-    /// The branch within it.
-    pub branch_id: String,
-    /// The forward op (`try` or `action`).
-    pub op: Op,
-    /// The step component of the barrier key (`01`, ...).
-    pub barrier_id: String,
-}
-
-impl StepRef {
-    /// A key that is the same for every attempt and every owner of this step: give it to
-    /// the external service as its idempotency key (and look the effect up by it in the
-    /// fact source).
-    pub fn external_key(&self) -> String {
-        format!(
-            "{}:{}:{}:{}",
-            self.gid, self.branch_id, self.op, self.barrier_id
-        )
-    }
-}
-
-/// What the service's source of truth says about a step whose claim expired.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Fact<T> {
-    /// The external effect happened; this is the step's result. Recorded, not redone.
-    Happened(T),
-    /// It did not happen and no longer can: the step may run again under a new owner.
-    NotHappened,
-    /// Cannot tell yet (the provider is down, the payment is pending): stay in progress.
-    Unknown,
-}
-
-/// The service's hook that answers, from the external system, whether a step's effect
-/// happened. Asked only after a claim's lease expired, never inside a transaction.
-pub trait FactSource<T>: Send + Sync {
-    /// Looks the step's effect up (typically by [`StepRef::external_key`]).
-    fn check(&self, step: &StepRef) -> impl Future<Output = Fact<T>> + Send;
-}
-
-/// A committed claim on a step: who holds it and until when.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseTicket {
-    /// The step claimed.
-    pub step: StepRef,
-    /// This holder's token; every later write names it.
-    pub owner_token: String,
-    /// The lease's end, Unix milliseconds on the step's clock.
-    pub lease_until_ms: i64,
-    /// True when the claim was taken over from an expired one (the fact source said the
-    /// effect had not happened).
-    pub taken_over: bool,
-}
-
-/// What [`LeasedStep::claim`] got.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Claimed<T> {
-    /// The step is this caller's to run: make the external call, then
-    /// [`LeasedStep::complete`].
-    Acquired(LeaseTicket),
-    /// The step is settled; this is its outcome (a duplicate, a rejected late Try, or one
-    /// the fact source answered).
-    Settled(Outcome<T>),
-}
-
-/// What became of [`LeasedStep::complete`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Completion<T> {
-    /// The result is recorded; it is the step's result.
-    Recorded,
-    /// The claim had been taken over or settled by someone else; the write was refused.
-    /// `current` is the step's settled outcome, or `None` while a newer owner holds it. A
-    /// `Some(Outcome::Rejected)` means the step was settled as not happened while this call's
-    /// external effect was landing: the service must undo that effect.
-    Stale {
-        /// What the row says now.
-        current: Option<Outcome<T>>,
-    },
 }
 
 /// A [`Barrier`] in lease mode: build it with [`Barrier::with_lease`].
@@ -223,11 +142,14 @@ impl Barrier {
 /// The error a compensation gets while its forward step's lease-mode claim is open.
 pub(super) fn origin_in_progress(barrier: &Barrier, origin: Op) -> ParticipantError {
     count("compensation_wait");
-    tracing::info!(gid = %barrier.gid, branch_id = %barrier.branch_id, op = %barrier.op,
-        "{} waits: its {origin} holds a lease-mode claim", barrier.op);
+    let call = barrier.call();
+    tracing::info!(tenant = %call.tenant(), gid = %call.gid(), branch_id = %call.branch_id(), op = %call.op(),
+        "{} waits: its {origin} holds a lease-mode claim", call.op());
     ParticipantError::in_progress(format!(
         "{} of {}/{} waits: its {origin} is still in progress",
-        barrier.op, barrier.gid, barrier.branch_id
+        call.op(),
+        call.gid(),
+        call.branch_id()
     ))
 }
 
@@ -245,21 +167,24 @@ impl LeasedStep {
 
     /// The step a fact source is asked about (this barrier's key, with `op`).
     fn step_ref(&self, op: Op) -> StepRef {
+        let call = self.barrier.call();
         StepRef {
-            trans_type: self.barrier.trans_type,
-            gid: self.barrier.gid.clone(),
-            branch_id: self.barrier.branch_id.clone(),
+            trans_type: call.trans_type(),
+            tenant: call.tenant().to_string(),
+            gid: call.gid().to_owned(),
+            branch_id: call.branch_id().to_owned(),
             op,
             barrier_id: self.barrier.barrier_id(),
         }
     }
 
     fn what(&self, op: Op) -> String {
-        format!("{op} of {}/{}", self.barrier.gid, self.barrier.branch_id)
+        let call = self.barrier.call();
+        format!("{op} of {}/{}", call.gid(), call.branch_id())
     }
 
     fn forward_only(&self) -> Result<(), ParticipantError> {
-        match self.barrier.op {
+        match self.barrier.call().op() {
             Op::Try | Op::Action => Ok(()),
             op => Err(ParticipantError::internal(format!(
                 "lease mode runs forward steps (try, action), not `{op}`; guard a compensation \
@@ -268,14 +193,14 @@ impl LeasedStep {
         }
     }
 
-    /// Runs `call` (the external call) at most once per effect for this step: claim,
+    /// Runs `external` (the external call) at most once per effect for this step: claim,
     /// call outside any transaction, record (module documentation). `facts` is asked only
     /// about a claim whose lease expired.
     pub async fn run<S, T, F, Fut, FS>(
         &self,
         pool: &S,
         facts: &FS,
-        call: F,
+        external: F,
     ) -> Result<Outcome<T>, ParticipantError>
     where
         S: StepConnections,
@@ -288,7 +213,8 @@ impl LeasedStep {
             Claimed::Settled(outcome) => return Ok(outcome),
             Claimed::Acquired(ticket) => ticket,
         };
-        match call(ticket.clone()).await {
+        let call = self.barrier.call();
+        match external(ticket.clone()).await {
             Ok(value) => match self.complete(pool, &ticket, &value).await? {
                 Completion::Recorded => Ok(Outcome::Executed(value)),
                 Completion::Stale {
@@ -296,7 +222,7 @@ impl LeasedStep {
                 } => Ok(outcome),
                 Completion::Stale { current: None } => Err(ParticipantError::in_progress(format!(
                     "{} was taken over by a newer claim",
-                    self.what(self.barrier.op)
+                    self.what(call.op())
                 ))),
             },
             Err(e) if e.is_refusal() => {
@@ -304,8 +230,8 @@ impl LeasedStep {
                 Err(e)
             }
             Err(e) => {
-                tracing::warn!(gid = %self.barrier.gid, branch_id = %self.barrier.branch_id,
-                    op = %self.barrier.op, error = %e,
+                tracing::warn!(tenant = %call.tenant(), gid = %call.gid(), branch_id = %call.branch_id(),
+                    op = %call.op(), error = %e,
                     "lease-mode step failed without a verdict; the claim stays until its lease expires");
                 Err(e)
             }
@@ -326,6 +252,7 @@ impl LeasedStep {
     {
         self.forward_only()?;
         let b = &self.barrier;
+        let call = b.call();
         let token = new_owner_token();
         let now = self.clock.now_ms();
         let until = now.saturating_add(self.lease_ms);
@@ -336,24 +263,24 @@ impl LeasedStep {
         let Some(row) = found else {
             count("first");
             return Ok(Claimed::Acquired(LeaseTicket {
-                step: self.step_ref(b.op),
+                step: self.step_ref(call.op()),
                 owner_token: token,
                 lease_until_ms: until,
                 taken_over: false,
             }));
         };
-        let old = match decide(b.op, &row, now) {
+        let old = match decide(call.op(), &row, now) {
             Decision::Settled(existing) => return self.settled_repeat(existing),
             Decision::Live => {
                 count("in_progress");
                 return Err(ParticipantError::in_progress(format!(
                     "{} is claimed by a call still in progress",
-                    self.what(b.op)
+                    self.what(call.op())
                 )));
             }
             Decision::Expired { token } => token,
         };
-        match facts.check(&self.step_ref(b.op)).await {
+        match facts.check(&self.step_ref(call.op())).await {
             Fact::Happened(value) => {
                 let json = to_json(&value)?;
                 let mine = new_owner_token();
@@ -361,7 +288,7 @@ impl LeasedStep {
                     conditional_tx(
                         tx,
                         b,
-                        b.op,
+                        call.op(),
                         record_set(),
                         record_args(json.clone(), &mine),
                         &old,
@@ -371,7 +298,7 @@ impl LeasedStep {
                 .await?;
                 if is_executed_by(&row, &mine) {
                     count("recovered");
-                    tracing::info!(gid = %b.gid, branch_id = %b.branch_id, op = %b.op,
+                    tracing::info!(tenant = %call.tenant(), gid = %call.gid(), branch_id = %call.branch_id(), op = %call.op(),
                         "expired claim recovered: the fact source says the effect happened");
                     return Ok(Claimed::Settled(Outcome::Duplicate(value)));
                 }
@@ -383,7 +310,7 @@ impl LeasedStep {
                 let set = "owner_token = ?, lease_until_ms = ?";
                 let args = || vec![Arg::Text(mine.clone()), Arg::Int(until)];
                 let row = run_local(pool, b.retry, "barrier lease reclaim", |tx| {
-                    conditional_tx(tx, b, b.op, set, args(), &old, Some(now))
+                    conditional_tx(tx, b, call.op(), set, args(), &old, Some(now))
                 })
                 .await?;
                 let ours = row.as_ref().is_some_and(|r| {
@@ -391,10 +318,10 @@ impl LeasedStep {
                 });
                 if ours {
                     count("reclaimed");
-                    tracing::info!(gid = %b.gid, branch_id = %b.branch_id, op = %b.op,
+                    tracing::info!(tenant = %call.tenant(), gid = %call.gid(), branch_id = %call.branch_id(), op = %call.op(),
                         "expired claim taken over: the fact source says the effect did not happen");
                     return Ok(Claimed::Acquired(LeaseTicket {
-                        step: self.step_ref(b.op),
+                        step: self.step_ref(call.op()),
                         owner_token: mine,
                         lease_until_ms: until,
                         taken_over: true,
@@ -404,11 +331,11 @@ impl LeasedStep {
             }
             Fact::Unknown => {
                 count("unknown");
-                tracing::warn!(gid = %b.gid, branch_id = %b.branch_id, op = %b.op,
+                tracing::warn!(tenant = %call.tenant(), gid = %call.gid(), branch_id = %call.branch_id(), op = %call.op(),
                     "expired claim, and the fact source cannot tell whether the effect happened");
                 Err(ParticipantError::in_progress(format!(
                     "{}: the claim expired and the fact source cannot tell yet",
-                    self.what(b.op)
+                    self.what(call.op())
                 )))
             }
         }
@@ -422,7 +349,7 @@ impl LeasedStep {
             Existing::Rejected => "rejected",
             _ => "replay",
         });
-        settled(existing, &self.what(self.barrier.op)).map(Claimed::Settled)
+        settled(existing, &self.what(self.barrier.call().op())).map(Claimed::Settled)
     }
 
     /// Someone else moved the row between our read and our conditional write.
@@ -430,12 +357,13 @@ impl LeasedStep {
         &self,
         row: Option<RowView>,
     ) -> Result<Claimed<T>, ParticipantError> {
-        let what = self.what(self.barrier.op);
+        let op = self.barrier.call().op();
+        let what = self.what(op);
         match row {
             None => Err(ParticipantError::transient(format!(
                 "the row of {what} disappeared; retry"
             ))),
-            Some(row) => match decide(self.barrier.op, &row, i64::MIN) {
+            Some(row) => match decide(op, &row, i64::MIN) {
                 Decision::Settled(existing) => self.settled_repeat(existing),
                 _ => {
                     count("in_progress");
@@ -460,13 +388,14 @@ impl LeasedStep {
         T: Serialize + DeserializeOwned,
     {
         let b = &self.barrier;
+        let call = b.call();
         let json = to_json(value)?;
         let token = ticket.owner_token.as_str();
         let row = run_local(pool, b.retry, "barrier lease complete", |tx| {
             conditional_tx(
                 tx,
                 b,
-                b.op,
+                call.op(),
                 record_set(),
                 record_args(json.clone(), token),
                 token,
@@ -479,11 +408,11 @@ impl LeasedStep {
             return Ok(Completion::Recorded);
         }
         count("stale");
-        let current = match row.map(|r| decide(b.op, &r, i64::MIN)) {
-            Some(Decision::Settled(existing)) => Some(settled(existing, &self.what(b.op))?),
+        let current = match row.map(|r| decide(call.op(), &r, i64::MIN)) {
+            Some(Decision::Settled(existing)) => Some(settled(existing, &self.what(call.op()))?),
             _ => None,
         };
-        tracing::warn!(gid = %b.gid, branch_id = %b.branch_id, op = %b.op,
+        tracing::warn!(tenant = %call.tenant(), gid = %call.gid(), branch_id = %call.branch_id(), op = %call.op(),
             now = ?current.as_ref().map(Outcome::kind),
             "a stale owner's completion was refused: its claim had been taken over or settled");
         Ok(Completion::Stale { current })
@@ -498,14 +427,14 @@ impl LeasedStep {
         ticket: &LeaseTicket,
     ) -> Result<(), ParticipantError> {
         let b = &self.barrier;
+        let call = b.call();
         let sql = format!(
-            "DELETE FROM {} WHERE {} AND outcome = ? AND owner_token = ?",
-            b.table,
-            key_where()
+            "DELETE FROM {} WHERE {KEY_WHERE} AND outcome = ? AND owner_token = ?",
+            b.table
         );
         let token = ticket.owner_token.as_str();
         run_local(pool, b.retry, "barrier lease release", |tx| {
-            let mut args = key_args(b, b.op);
+            let mut args = key_args(b, call.op());
             args.push(Arg::Text(outcome_col::PROCESSING.into()));
             args.push(Arg::Text(token.into()));
             let sql = sql.clone();
@@ -530,15 +459,16 @@ impl LeasedStep {
         S: StepConnections,
         T: Serialize + DeserializeOwned,
         U: Serialize + DeserializeOwned,
-        St: FnMut(super::StepTx<'static, S::Database>) -> Fut,
+        St: FnMut(StepTx<'static, S::Database>) -> Fut,
         Fut: Future<Output = Result<T, ParticipantError>>,
         FS: FactSource<U>,
     {
         let b = &self.barrier;
-        let Some(origin) = b.op.origin() else {
+        let call = b.call();
+        let Some(origin) = call.op().origin() else {
             return Err(ParticipantError::internal(format!(
                 "run_compensation guards a cancel or compensate, not `{}`",
-                b.op
+                call.op()
             )));
         };
         let first = b.run(pool, &mut step).await;
@@ -597,6 +527,7 @@ impl LeasedStep {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kit::TransType;
 
     #[test]
     fn the_external_key_is_the_same_for_every_owner() {
@@ -608,5 +539,13 @@ mod tests {
         let c = b.with_lease(Duration::from_secs(9)).step_ref(Op::Try);
         assert_eq!(a.external_key(), "g1:01:try:01");
         assert_eq!(a, c);
+        let beta = Barrier::new(TransType::Tcc, "g1", "01", Op::Try)
+            .unwrap()
+            .with_tenant("beta")
+            .unwrap()
+            .with_lease(Duration::from_secs(5))
+            .step_ref(Op::Try);
+        assert_eq!(beta.tenant, "beta");
+        assert_eq!(beta.external_key(), "beta/g1:01:try:01");
     }
 }

@@ -3,10 +3,12 @@
 //! Confirm's Try row means to the Confirm.
 
 use crate::backend::{Arg, BarrierDatabase};
-use crate::error::{DbErrorKind, ParticipantError, classify};
+use crate::error::ParticipantError;
+use crate::kit::local::{exec, fetch_texts};
+use crate::kit::{LocalTx, Op};
 use idem_sql::Backend;
 
-use super::{Barrier, Op};
+use super::Barrier;
 
 /// The values of the `outcome` column.
 pub(super) mod outcome_col {
@@ -99,69 +101,57 @@ pub(crate) fn interpret_prerequisite(prerequisite: Op, row: Option<(&str, &str)>
     }
 }
 
+/// The barrier table's unique key, in the order of [`key_args`].
+pub(crate) const KEY_COLUMNS: &str = "tenant, gid, branch_id, op, barrier_id";
+
+/// The `WHERE` that names one row by [`KEY_COLUMNS`], bound by [`key_args`].
+pub(crate) const KEY_WHERE: &str =
+    "tenant = ? AND gid = ? AND branch_id = ? AND op = ? AND barrier_id = ?";
+
+/// The values of [`KEY_COLUMNS`] for `barrier`'s row of `op` (its own op, or the op it
+/// undoes or needs).
+pub(crate) fn key_args(barrier: &Barrier, op: Op) -> Vec<Arg> {
+    let call = barrier.call();
+    vec![
+        Arg::Text(call.tenant().to_owned()),
+        Arg::Text(call.gid().to_owned()),
+        Arg::Text(call.branch_id().to_owned()),
+        Arg::Text(op.as_str().into()),
+        Arg::Text(barrier.barrier_id()),
+    ]
+}
+
 /// Inserts the barrier row of `op` unless it exists; true when this call inserted it.
-pub(super) async fn insert_if_absent<DB: BarrierDatabase>(
-    conn: &mut DB::Connection,
-    dialect: Backend,
+pub(crate) async fn insert_if_absent<DB: BarrierDatabase>(
+    tx: &LocalTx<'_, DB>,
     barrier: &Barrier,
     op: Op,
     reason: &str,
     outcome: &str,
 ) -> Result<bool, ParticipantError> {
-    let columns = "(trans_type, gid, branch_id, op, barrier_id, reason, outcome) VALUES (?, ?, ?, ?, ?, ?, ?)";
-    let sql = match dialect {
-        Backend::Postgres | Backend::Sqlite => format!(
-            "INSERT INTO {} {columns} ON CONFLICT (gid, branch_id, op, barrier_id) DO NOTHING",
-            barrier.table
-        ),
-        Backend::Mysql => format!("INSERT INTO {} {columns}", barrier.table),
-    };
-    let args = vec![
-        Arg::Text(barrier.trans_type.as_str().into()),
-        Arg::Text(barrier.gid.clone()),
-        Arg::Text(barrier.branch_id.clone()),
-        Arg::Text(op.as_str().into()),
-        Arg::Text(barrier.barrier_id()),
-        Arg::Text(reason.into()),
-        Arg::Text(outcome.into()),
-    ];
-    match DB::exec(conn, dialect.rewrite(&sql), args).await {
-        Ok(n) => Ok(n == 1),
-        Err(e)
-            if dialect == Backend::Mysql
-                && classify(dialect, &e) == DbErrorKind::UniqueViolation =>
-        {
-            Ok(false)
-        }
-        Err(e) => Err(e.into()),
-    }
+    let columns =
+        format!("(trans_type, {KEY_COLUMNS}, reason, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+    let mut args = vec![Arg::Text(barrier.call().trans_type().as_str().into())];
+    args.extend(key_args(barrier, op));
+    args.push(Arg::Text(reason.into()));
+    args.push(Arg::Text(outcome.into()));
+    crate::kit::insert_if_absent(tx, barrier.table(), &columns, KEY_COLUMNS, args).await
 }
 
 /// Records how this call's own row ended (it was inserted as `running`).
 pub(super) async fn set_outcome<DB: BarrierDatabase>(
-    conn: &mut DB::Connection,
-    dialect: Backend,
+    tx: &LocalTx<'_, DB>,
     barrier: &Barrier,
     outcome: &str,
     result: Option<String>,
 ) -> Result<(), ParticipantError> {
     let sql = format!(
-        "UPDATE {} SET outcome = ?, result = ? WHERE gid = ? AND branch_id = ? AND op = ? AND barrier_id = ?",
-        barrier.table
+        "UPDATE {} SET outcome = ?, result = ? WHERE {KEY_WHERE}",
+        barrier.table()
     );
-    let updated = DB::exec(
-        conn,
-        dialect.rewrite(&sql),
-        vec![
-            Arg::Text(outcome.into()),
-            Arg::OptText(result),
-            Arg::Text(barrier.gid.clone()),
-            Arg::Text(barrier.branch_id.clone()),
-            Arg::Text(barrier.op.as_str().into()),
-            Arg::Text(barrier.barrier_id()),
-        ],
-    )
-    .await?;
+    let mut args = vec![Arg::Text(outcome.into()), Arg::OptText(result)];
+    args.extend(key_args(barrier, barrier.call().op()));
+    let updated = exec(tx, &sql, args).await?;
     if updated != 1 {
         return Err(ParticipantError::internal(format!(
             "recording the outcome updated {updated} barrier rows, expected 1"
@@ -172,7 +162,7 @@ pub(super) async fn set_outcome<DB: BarrierDatabase>(
 
 /// How [`fetch_row`] reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Read {
+pub(crate) enum Read {
     /// The row that just blocked this call's insert: it exists.
     Collided,
     /// A row that may not exist (a Confirm looking for its Try's): never a locking read.
@@ -180,9 +170,8 @@ pub(super) enum Read {
 }
 
 /// Reads (reason, outcome, result) of the barrier row of `op`.
-pub(super) async fn fetch_row<DB: BarrierDatabase>(
-    conn: &mut DB::Connection,
-    dialect: Backend,
+pub(crate) async fn fetch_row<DB: BarrierDatabase>(
+    tx: &LocalTx<'_, DB>,
     barrier: &Barrier,
     op: Op,
     read: Read,
@@ -193,26 +182,15 @@ pub(super) async fn fetch_row<DB: BarrierDatabase>(
     // exists (the insert just collided with it) and the duplicate-key check already holds a
     // shared lock on it, so this locks nothing new. On a row that may be missing, a locking
     // read would lock the gap where it would go instead, so `Read::Plain` never locks.
-    let lock = match (dialect, read) {
+    let lock = match (tx.dialect(), read) {
         (Backend::Mysql, Read::Collided) => " LOCK IN SHARE MODE",
         _ => "",
     };
     let sql = format!(
-        "SELECT reason, outcome, result FROM {} WHERE gid = ? AND branch_id = ? AND op = ? AND barrier_id = ?{lock}",
-        barrier.table
+        "SELECT reason, outcome, result FROM {} WHERE {KEY_WHERE}{lock}",
+        barrier.table()
     );
-    let rows = DB::fetch_texts(
-        conn,
-        dialect.rewrite(&sql),
-        vec![
-            Arg::Text(barrier.gid.clone()),
-            Arg::Text(barrier.branch_id.clone()),
-            Arg::Text(op.as_str().into()),
-            Arg::Text(barrier.barrier_id()),
-        ],
-        3,
-    )
-    .await?;
+    let rows = fetch_texts(tx, &sql, key_args(barrier, op), 3).await?;
     Ok(rows.into_iter().next().map(|mut cols| {
         let result = cols.pop().flatten();
         let outcome = cols.pop().flatten().unwrap_or_default();

@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::{CallbackOutcome, PaymentCallbacks, SIGNATURE_HEADER};
 use crate::backend::BarrierDatabase;
-use crate::barrier::StepConnections;
+use crate::kit::StepConnections;
 
 impl<DB: BarrierDatabase> PaymentCallbacks<DB> {
     /// An axum answer for a callback: reads the signature from [`SIGNATURE_HEADER`],

@@ -6,9 +6,8 @@ use sqlx::Pool;
 
 use super::{DEFAULT_CALLBACK_TABLE, MIN_CALLBACK_RETENTION};
 use crate::backend::{Arg, BarrierDatabase};
-use crate::barrier::check_table_name;
 use crate::error::ParticipantError;
-use crate::kit::SharedClock;
+use crate::kit::{SharedClock, check_table_name, split_sql_script};
 use idem_sql::Backend;
 
 const SQLITE_DDL: &str = include_str!("../../sql/callback.sqlite.sql");
@@ -35,7 +34,7 @@ pub async fn create_callback_tables_named<DB: BarrierDatabase>(
         Backend::Mysql => MYSQL_DDL,
     };
     let mut conn = pool.acquire().await?;
-    for statement in crate::schema::split_sql_script(text) {
+    for statement in split_sql_script(text) {
         DB::exec(
             &mut conn,
             statement.replace(DEFAULT_CALLBACK_TABLE, table),

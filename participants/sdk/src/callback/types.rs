@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{MAX_CURRENCY_LEN, MAX_MERCHANT_LEN, MAX_ORDER_REF_LEN, MAX_TXN_ID_LEN};
-use crate::barrier::check_table_name;
+use crate::kit::check_table_name;
 
 /// What a provider's callback says, once its body is parsed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,7 +60,7 @@ impl CallbackOutcome {
         matches!(self, CallbackOutcome::Credited | CallbackOutcome::Duplicate)
     }
 
-    /// The HTTP status [`PaymentCallbacks::respond`] answers with. A conflict is 409, so
+    /// The HTTP status [`PaymentCallbacks::respond`](super::PaymentCallbacks::respond) answers with. A conflict is 409, so
     /// the provider keeps it visible on its side too.
     pub fn status_code(&self) -> u16 {
         match self {

@@ -50,9 +50,10 @@ use serde::Serialize;
 use sqlx::Pool;
 
 use crate::backend::{Arg, BarrierDatabase, CellKind};
-use crate::barrier::{RetryPolicy, StepConnections};
 use crate::error::ParticipantError;
-use crate::kit::{Clock, LocalTx, SharedClock, run_local, system_clock};
+use crate::kit::{
+    Clock, LocalTx, RetryPolicy, SharedClock, StepConnections, run_local, system_clock,
+};
 
 use crate::kit::{check_key, insert_if_absent, refuse_short_window, run_script};
 

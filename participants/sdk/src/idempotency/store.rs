@@ -21,10 +21,9 @@ use super::{
     check_inputs, count, invalid,
 };
 use crate::backend::{Arg, BarrierDatabase, CellKind};
-use crate::barrier::RetryPolicy;
 use crate::error::ParticipantError;
 use crate::kit::local::exec;
-use crate::kit::{LocalTx, SharedClock, db_now_ms, new_owner_token, run_local};
+use crate::kit::{LocalTx, RetryPolicy, SharedClock, db_now_ms, new_owner_token, run_local};
 
 /// How many times a claim re-runs after losing a race to another claim of the same record
 /// before it answers "in progress" (each loss means someone else just changed the row).

@@ -52,10 +52,11 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::backend::Arg;
-use crate::barrier::{RetryPolicy, StepConnections};
 use crate::error::ParticipantError;
 use crate::kit::check_key;
-use crate::kit::{LocalTx, SharedClock, new_owner_token, run_local, system_clock};
+use crate::kit::{
+    LocalTx, RetryPolicy, SharedClock, StepConnections, new_owner_token, run_local, system_clock,
+};
 
 /// The job units' table.
 pub const JOB_UNIT_TABLE: &str = "idem_job_unit";

@@ -1,16 +1,25 @@
-//! What every tool of the idempotency kit shares: the clock leases are measured on, the
-//! owner tokens that fence a claim, one local transaction and the insert-if-absent that
-//! grants the right to act in it ([`local`]), the key and retention-window checks, the DDL
-//! runner, and the bounded delete that retention runs.
+//! The SDK's ground floor: what the barrier and every tool of the idempotency kit stand on.
+//! The key of a branch call ([`call`]); where a local transaction's connection comes from
+//! ([`connections`]); the one local transaction guard, its conflict retries and the
+//! insert-if-absent that grants the right to act in it ([`local`], [`retry`]); the clock
+//! leases are measured on and the owner tokens that fence a claim; the key, table-name and
+//! retention-window checks; the DDL runner; and the bounded delete that retention runs.
 //!
-//! The tools themselves (the Idempotency-Key records, the barrier's lease mode, payment
-//! callbacks, the consumer log, job units) each keep their table and protocol in their own
-//! module; this one holds only what would otherwise be written once per tool.
+//! The tools themselves (the barrier, the Idempotency-Key records, payment callbacks, the
+//! consumer log, job units) each keep their table and protocol in their own module; this
+//! one holds only what would otherwise be written once per tool, and imports nothing of
+//! them (the floors are in the crate's documentation).
 
+pub mod call;
+pub mod connections;
 pub mod local;
+pub mod retry;
 
+pub use call::{BranchCall, MAX_ID_LEN, MSG_BRANCH_ID, Op, TransType};
+pub use connections::{OpenedStep, StepConnections};
 pub(crate) use local::insert_if_absent;
-pub use local::{LocalConn, LocalTx, run_local};
+pub use local::{LocalConn, LocalTx, StepTx, run_local};
+pub use retry::RetryPolicy;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -189,7 +198,7 @@ async fn run_statements<DB: BarrierDatabase>(
         Backend::Mysql => mysql,
     };
     let mut conn = pool.acquire().await?;
-    for statement in crate::schema::split_sql_script(script) {
+    for statement in split_sql_script(script) {
         match DB::exec(&mut conn, rename(statement), Vec::new()).await {
             Ok(_) => {}
             Err(sqlx::Error::Database(e))
@@ -199,6 +208,46 @@ async fn run_statements<DB: BarrierDatabase>(
                         .contains("duplicate column") => {}
             Err(e) => return Err(e),
         }
+    }
+    Ok(())
+}
+
+/// Splits a DDL script on `;` at line ends, dropping `--` comment lines, so it can be run
+/// one statement at a time (prepared statements take one each). Meant for simple DDL
+/// files like the SDK's own: a `;` ending a line inside a literal would split it.
+pub fn split_sql_script(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("--") || trimmed.is_empty() {
+            continue;
+        }
+        current.push_str(line);
+        current.push('\n');
+        if trimmed.ends_with(';') {
+            let stmt = current.trim().trim_end_matches(';').trim().to_owned();
+            out.push(stmt);
+            current.clear();
+        }
+    }
+    if !current.trim().is_empty() {
+        out.push(current.trim().to_owned());
+    }
+    out
+}
+
+/// Checks a table name: a plain SQL identifier, because it is spliced into SQL text.
+pub fn check_table_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !first_ok || name.len() > 48 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(format!(
+            "barrier table name `{name}` must be a plain identifier: [A-Za-z_][A-Za-z0-9_]*, at most 48 characters"
+        ));
     }
     Ok(())
 }
@@ -235,6 +284,17 @@ pub(crate) fn check_key(what: &str, value: &str, max: usize) -> Result<(), Parti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        assert!(check_table_name("idem_barrier").is_ok());
+        assert!(check_table_name("_b2").is_ok());
+        assert!(check_table_name("").is_err());
+        assert!(check_table_name("2b").is_err());
+        assert!(check_table_name("dtm.barrier").is_err());
+        assert!(check_table_name("b; DROP TABLE x").is_err());
+        assert!(check_table_name(&"b".repeat(49)).is_err());
+    }
 
     #[test]
     fn a_manual_clock_moves_only_when_told_and_clones_share_it() {

@@ -6,10 +6,14 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::Pool;
 
-use super::super::rows::{Existing, insert_if_absent, interpret_existing, outcome_col};
-use super::super::{Barrier, Op, Outcome};
 use crate::backend::{Arg, BarrierDatabase, Cell, CellKind};
+use crate::barrier::rows::{
+    Existing, KEY_COLUMNS, insert_if_absent, interpret_existing, outcome_col,
+};
+pub(super) use crate::barrier::rows::{KEY_WHERE, key_args};
+use crate::barrier::{Barrier, DEFAULT_TABLE, Outcome};
 use crate::error::ParticipantError;
+use crate::kit::Op;
 use crate::kit::local::{LocalTx, exec, fetch};
 
 /// The row as lease mode reads it.
@@ -75,19 +79,6 @@ pub(super) const ROW_KINDS: &[CellKind] = &[
     CellKind::Int,
 ];
 
-pub(super) fn key_where() -> &'static str {
-    "gid = ? AND branch_id = ? AND op = ? AND barrier_id = ?"
-}
-
-pub(super) fn key_args(b: &Barrier, op: Op) -> Vec<Arg> {
-    vec![
-        Arg::Text(b.gid.clone()),
-        Arg::Text(b.branch_id.clone()),
-        Arg::Text(op.as_str().into()),
-        Arg::Text(b.barrier_id()),
-    ]
-}
-
 /// Reads the row of `op`. Always the first read of its transaction, and every row it can
 /// find is committed (an insert that collided waited for the other writer), so a plain read
 /// sees the latest state on every backend: no locking read, which on InnoDB would lock a gap
@@ -98,9 +89,8 @@ pub(super) async fn read_row<DB: BarrierDatabase>(
     op: Op,
 ) -> Result<Option<RowView>, ParticipantError> {
     let sql = format!(
-        "SELECT reason, outcome, result, owner_token, lease_until_ms FROM {} WHERE {}",
-        b.table,
-        key_where()
+        "SELECT reason, outcome, result, owner_token, lease_until_ms FROM {} WHERE {KEY_WHERE}",
+        b.table
     );
     let rows = fetch(tx, &sql, key_args(b, op), ROW_KINDS).await?;
     Ok(rows.into_iter().next().map(|cells| {
@@ -122,25 +112,23 @@ pub(super) async fn claim_tx<DB: BarrierDatabase>(
     token: &str,
     until: i64,
 ) -> Result<Option<RowView>, ParticipantError> {
-    let columns = "(trans_type, gid, branch_id, op, barrier_id, reason, outcome, owner_token, lease_until_ms) \
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
-    let args = vec![
-        Arg::Text(b.trans_type.as_str().into()),
-        Arg::Text(b.gid.clone()),
-        Arg::Text(b.branch_id.clone()),
-        Arg::Text(b.op.as_str().into()),
-        Arg::Text(b.barrier_id()),
-        Arg::Text(b.op.as_str().into()),
+    let columns = format!(
+        "(trans_type, {KEY_COLUMNS}, reason, outcome, owner_token, lease_until_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    );
+    let mut args = vec![Arg::Text(b.call().trans_type().as_str().into())];
+    args.extend(key_args(b, b.call().op()));
+    args.extend([
+        Arg::Text(b.call().op().as_str().into()),
         Arg::Text(outcome_col::PROCESSING.into()),
         Arg::Text(token.into()),
         Arg::Int(until),
-    ];
-    let key = "gid, branch_id, op, barrier_id";
-    let inserted = crate::kit::insert_if_absent(&tx, &b.table, columns, key, args).await?;
+    ]);
+    let inserted = crate::kit::insert_if_absent(&tx, &b.table, &columns, KEY_COLUMNS, args).await?;
     if inserted {
         return Ok(None);
     }
-    match read_row(&tx, b, b.op).await? {
+    match read_row(&tx, b, b.call().op()).await? {
         Some(row) => Ok(Some(row)),
         None => Err(ParticipantError::transient(
             "the barrier row that blocked this claim disappeared; retry",
@@ -165,9 +153,8 @@ pub(super) async fn conditional_tx<DB: BarrierDatabase>(
         ""
     };
     let sql = format!(
-        "UPDATE {} SET {set} WHERE {} AND outcome = ? AND owner_token = ?{extra}",
-        b.table,
-        key_where()
+        "UPDATE {} SET {set} WHERE {KEY_WHERE} AND outcome = ? AND owner_token = ?{extra}",
+        b.table
     );
     args.extend(key_args(b, op));
     args.push(Arg::Text(outcome_col::PROCESSING.into()));
@@ -212,30 +199,19 @@ pub(super) async fn guard_tx<DB: BarrierDatabase>(
     old: &str,
     now: i64,
 ) -> Result<(), ParticipantError> {
-    let dialect = tx.dialect();
-    {
-        let mut conn = tx.conn();
-        insert_if_absent::<DB>(
-            &mut *conn,
-            dialect,
-            b,
-            b.op,
-            b.op.as_str(),
-            outcome_col::EMPTY_ROLLBACK,
-        )
-        .await?;
-    }
+    let op = b.call().op();
+    insert_if_absent(&tx, b, op, op.as_str(), outcome_col::EMPTY_ROLLBACK).await?;
     let set = "reason = ?, outcome = ?, result = NULL, owner_token = NULL, lease_until_ms = NULL";
     let args = vec![
-        Arg::Text(b.op.as_str().into()),
+        Arg::Text(b.call().op().as_str().into()),
         Arg::Text(outcome_col::GUARD.into()),
     ];
     let row = conditional_tx(tx.clone(), b, origin, set, args, old, Some(now)).await?;
     let guarded = row
         .as_ref()
-        .is_some_and(|r| r.outcome == outcome_col::GUARD && r.reason == b.op.as_str());
+        .is_some_and(|r| r.outcome == outcome_col::GUARD && r.reason == b.call().op().as_str());
     if guarded {
-        tracing::info!(gid = %b.gid, branch_id = %b.branch_id, op = %b.op,
+        tracing::info!(tenant = %b.call().tenant(), gid = %b.call().gid(), branch_id = %b.call().branch_id(), op = %b.call().op(),
             "empty rollback: the fact source says the expired {origin} never took effect");
         Ok(())
     } else {
@@ -243,26 +219,38 @@ pub(super) async fn guard_tx<DB: BarrierDatabase>(
         // compensate what did happen.
         Err(ParticipantError::in_progress(format!(
             "the {origin} of {}/{} settled while its compensation was deciding",
-            b.gid, b.branch_id
+            b.call().gid(),
+            b.call().branch_id()
         )))
     }
 }
 
 /// Adds the lease columns to a barrier table created before them (the scripts
-/// `sql/barrier_lease.*.sql`). Safe to run again: an existing column is skipped.
-pub async fn upgrade_barrier_table_for_lease<DB: BarrierDatabase>(
+/// `sql/barrier_lease.*.sql`), the first forward step of
+/// [`crate::barrier::schema::upgrade_barrier_table`]. Safe to run again: an existing column is
+/// skipped.
+pub(crate) async fn add_lease_columns<DB: BarrierDatabase>(
     pool: &Pool<DB>,
     table: &str,
 ) -> Result<(), sqlx::Error> {
-    super::super::check_table_name(table).map_err(|e| sqlx::Error::Configuration(e.into()))?;
     crate::kit::run_forward_step(
         pool,
         include_str!("../../../sql/barrier_lease.sqlite.sql"),
         include_str!("../../../sql/barrier_lease.postgres.sql"),
         include_str!("../../../sql/barrier_lease.mysql.sql"),
-        |statement| statement.replace(super::super::DEFAULT_TABLE, table),
+        |statement| statement.replace(DEFAULT_TABLE, table),
     )
     .await
+}
+
+/// Brings a barrier table made by an older SDK to the current shape: the lease columns, then
+/// the tenant key. The name it had when lease mode was the only change; it now does all of
+/// [`crate::barrier::schema::upgrade_barrier_table`], which is safe to run again.
+pub async fn upgrade_barrier_table_for_lease<DB: BarrierDatabase>(
+    pool: &Pool<DB>,
+    table: &str,
+) -> Result<(), sqlx::Error> {
+    crate::barrier::schema::upgrade_barrier_table(pool, table).await
 }
 
 #[cfg(test)]

@@ -93,8 +93,8 @@ use crate::backend::BarrierDatabase;
 pub const KEY_HEADER: &str = "idempotency-key";
 /// The response header set on a replayed answer.
 pub const REPLAYED_HEADER: &str = "idempotency-replayed";
-/// The default tenant header.
-pub const TENANT_HEADER: &str = "idem-tenant";
+/// The default tenant header: the one the coordinator names its calls' tenant in.
+pub use crate::tenant::TENANT_HEADER;
 
 /// A response extension by which a handler says its failure happened before it acted
 /// (the provider refused the connection, a validation against another service failed):
