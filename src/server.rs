@@ -79,6 +79,8 @@ pub const DEFAULT_DATABASE_WAIT: Duration = Duration::from_secs(60);
 pub struct ServerConfig {
     pub database_url: String,
     pub listen: SocketAddr,
+    /// Where DTM's gRPC door listens (`--grpc-listen`); `None`: no gRPC.
+    pub grpc_listen: Option<SocketAddr>,
     pub engine: EngineConfig,
     pub connect: ConnectOptions,
     /// At start, how long to keep trying a database that does not answer yet.
@@ -136,6 +138,7 @@ impl ServerConfig {
         ServerConfig {
             database_url: database_url.into(),
             listen,
+            grpc_listen: None,
             engine: EngineConfig::default(),
             connect: ConnectOptions::default(),
             database_wait: DEFAULT_DATABASE_WAIT,
@@ -192,10 +195,13 @@ impl ServerConfig {
 /// A coordinator running in this process.
 pub struct RunningServer {
     pub addr: SocketAddr,
+    /// The gRPC listener's address, when there is one.
+    pub grpc_addr: Option<SocketAddr>,
     https: bool,
     pub engine: Arc<Engine>,
-    shutdown: tokio::sync::oneshot::Sender<()>,
+    shutdown: tokio::sync::watch::Sender<()>,
     task: JoinHandle<()>,
+    grpc_task: Option<JoinHandle<()>>,
     grace: Duration,
     clock_sync: CancellationToken,
     retention: CancellationToken,
@@ -221,6 +227,9 @@ impl RunningServer {
         }
         let _ = self.shutdown.send(());
         self.task.await.map_err(std::io::Error::other)?;
+        if let Some(grpc) = self.grpc_task {
+            grpc.await.map_err(std::io::Error::other)?;
+        }
         self.engine.finish_shutdown(self.grace).await;
         Ok(())
     }
@@ -285,14 +294,16 @@ pub async fn start_with(
     let (auth, token_refresh) = authentication(&config, &tokens)
         .await
         .map_err(StartError::Tokens)?;
-    let listen = config.listen;
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|source| StartError::Listen { listen, source })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|source| StartError::Listen { listen, source })?;
+    let (listener, addr) = bind(config.listen).await?;
     config.own_listeners.add(addr);
+    let grpc_listener = match config.grpc_listen {
+        Some(listen) => {
+            let (listener, local) = bind(listen).await?;
+            config.own_listeners.add(local);
+            Some((listener, local))
+        }
+        None => None,
+    };
     let outbound = config.outbound_policy_in_force();
     let state = Arc::new(AppState {
         engine: Arc::clone(&engine),
@@ -311,7 +322,7 @@ pub async fn start_with(
         console: config.console.clone(),
     });
     let app = api::router(state);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (tx, rx) = tokio::sync::watch::channel(());
     engine
         .release_own_leases()
         .await
@@ -330,16 +341,38 @@ pub async fn start_with(
     {
         tokio::spawn(reloading);
     }
-    let acceptor = certs.map(|certs| {
-        tokio::spawn(Arc::clone(&certs).keep_reloading(clock_sync.clone()));
-        certs.acceptor()
+    if let Some(certs) = &certs {
+        tokio::spawn(Arc::clone(certs).keep_reloading(clock_sync.clone()));
+    }
+    let grpc_addr = grpc_listener.as_ref().map(|(_, local)| *local);
+    let grpc_task = grpc_listener.map(|(listener, local)| {
+        let listener = api::dtm_grpc::GrpcListener {
+            listener,
+            tls: certs.as_ref().map(|certs| certs.grpc_acceptor()),
+        };
+        let door = api::dtm_grpc::DtmGrpc::new(app.clone(), local);
+        let mut stop = rx.clone();
+        let limits = config.http;
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.changed().await;
+            };
+            if let Err(e) = api::dtm_grpc::serve(listener, door, limits, stopped).await {
+                tracing::error!(error = %e, "the gRPC listener stopped");
+            }
+        })
     });
+    let acceptor = certs.map(|certs| certs.acceptor());
     let https = acceptor.is_some();
+    let mut stop = rx;
     let serving = http_server::serve(listener, app, config.http, acceptor, async move {
-        let _ = rx.await;
+        let _ = stop.changed().await;
     });
     let task = tokio::spawn(serving);
     tracing::info!(%addr, database = engine.reads().database(), node = engine.config().node, "idem is serving");
+    if let Some(grpc) = grpc_addr {
+        tracing::info!(%grpc, "DTM's gRPC door (dtmgimp.Dtm) is serving");
+    }
     if !outbound.from_file() {
         let reach = if outbound.allows_non_public() {
             "public, private and this host's addresses (--auth none on loopback), not idem's own port"
@@ -350,15 +383,28 @@ pub async fn start_with(
     }
     Ok(RunningServer {
         addr,
+        grpc_addr,
         https,
         engine,
         shutdown: tx,
         task,
+        grpc_task,
         grace: config.shutdown_grace,
         clock_sync,
         retention,
         token_refresh,
     })
+}
+
+/// A listener on `listen` and the address it got (the port, when `listen` asks for 0).
+async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| StartError::Listen { listen, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { listen, source })?;
+    Ok((listener, local))
 }
 
 /// The engine's settings. Without tokens every transaction is the default tenant's, so a
@@ -375,15 +421,19 @@ fn engine_config(config: &ServerConfig) -> EngineConfig {
 /// Without tokens anyone who reaches the port is the default tenant's admin: that is only
 /// allowed on loopback, or when `--insecure` says so.
 fn check_exposure(config: &ServerConfig) -> Result<(), StartError> {
-    if config.auth.mode != AuthMode::None || config.listen.ip().is_loopback() {
+    let exposed = std::iter::once(config.listen)
+        .chain(config.grpc_listen)
+        .find(|listen| !listen.ip().is_loopback());
+    let Some(listen) = exposed else {
+        return Ok(());
+    };
+    if config.auth.mode != AuthMode::None {
         return Ok(());
     }
     if !config.insecure {
-        return Err(StartError::Exposed {
-            listen: config.listen,
-        });
+        return Err(StartError::Exposed { listen });
     }
-    tracing::warn!(listen = %config.listen, "--insecure: serving beyond loopback without API tokens; every caller is an admin");
+    tracing::warn!(%listen, "--insecure: serving beyond loopback without API tokens; every caller is an admin");
     Ok(())
 }
 
@@ -394,7 +444,10 @@ fn warn_of_tokenless_door(config: &ServerConfig) {
         return;
     };
     let nets = &config.auth.dtm_tokenless_from;
-    if !config.listen.ip().is_loopback() && !nets.is_empty() {
+    let beyond = std::iter::once(config.listen)
+        .chain(config.grpc_listen)
+        .any(|listen| !listen.ip().is_loopback());
+    if beyond && !nets.is_empty() {
         let from: Vec<String> = nets.iter().map(ToString::to_string).collect();
         tracing::warn!(
             listen = %config.listen,

@@ -28,6 +28,7 @@ pub mod active_cap;
 pub mod auth;
 pub mod console;
 pub mod dtm;
+pub mod dtm_grpc;
 pub mod error;
 mod http_metrics;
 pub mod identity;

@@ -31,6 +31,11 @@ pub struct ServeArgs {
     /// Address and port of the HTTP API.
     #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8686")]
     pub listen: SocketAddr,
+    /// Address and port of DTM's gRPC door (the `dtmgimp.Dtm` service DTM's gRPC clients
+    /// call; DTM's own port is 36790). Off unless given. It shares the HTTP API's tokens,
+    /// limits and TLS certificate.
+    #[arg(long, env = "IDEM_GRPC_LISTEN", value_name = "ADDR")]
+    pub grpc_listen: Option<SocketAddr>,
     /// Name of this coordinator in owner tokens and logs (default: host name and port).
     /// Give it only when no other live process uses the same name (a StatefulSet's pod
     /// name, one systemd unit per name): a restarted process then resumes its
@@ -405,6 +410,10 @@ where
 {
     let config = server_config(&args)?;
     let running = start(config).await?;
+    // Before the HTTP line, which tools wait for: once it is out, so is this one.
+    if let Some(grpc) = running.grpc_addr {
+        println!("idem gRPC (dtmgimp.Dtm) listening on {grpc}");
+    }
     println!(
         "idem listening on {} ({})",
         running.url(),
@@ -440,6 +449,7 @@ pub enum ConfigError {
 pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, ConfigError> {
     args.check().map_err(ConfigError::Flags)?;
     let mut config = ServerConfig::new(args.db.database_url.clone(), args.listen);
+    config.grpc_listen = args.grpc_listen;
     config.engine.node_is_unique = args.node.is_some();
     config.engine.node = args
         .node

@@ -66,12 +66,22 @@ impl CertResolver {
     /// An acceptor for the API's connections: HTTP/1.1 only, the only protocol the
     /// server speaks (see [`crate::http_server`]).
     pub fn acceptor(self: &Arc<Self>) -> TlsAcceptor {
+        self.acceptor_for(b"http/1.1")
+    }
+
+    /// An acceptor for the gRPC listener's connections (`--grpc-listen`): the same
+    /// certificate, HTTP/2 only.
+    pub fn grpc_acceptor(self: &Arc<Self>) -> TlsAcceptor {
+        self.acceptor_for(b"h2")
+    }
+
+    fn acceptor_for(self: &Arc<Self>, protocol: &[u8]) -> TlsAcceptor {
         super::install_crypto_provider();
         let resolver: Arc<dyn ResolvesServerCert> = Arc::clone(self) as _;
         let mut config = rustls::ServerConfig::builder()
             .with_no_client_auth()
             .with_cert_resolver(resolver);
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![protocol.to_vec()];
         TlsAcceptor::from(Arc::new(config))
     }
 

@@ -28,6 +28,7 @@ mod dashboard;
 mod doc_links;
 mod dtm;
 mod dtm_door;
+mod dtm_grpc;
 mod dtm_python;
 mod engine;
 mod fair_slots;

@@ -231,6 +231,7 @@ impl IdemServe {
             pid,
             stdout,
             url: String::new(),
+            grpc_addr: None,
             log,
         })
     }
@@ -274,6 +275,8 @@ pub struct IdemProcess {
     /// child never writes into a closed pipe.
     stdout: Option<Lines<BufReader<ChildStdout>>>,
     url: String,
+    /// The gRPC listener's `host:port`, with `--grpc-listen`.
+    grpc_addr: Option<String>,
     log: Option<Arc<Log>>,
 }
 
@@ -284,25 +287,41 @@ impl IdemProcess {
         let Some(mut stdout) = self.stdout.take() else {
             return Ok(self.url.clone());
         };
-        let line = match tokio::time::timeout(within, stdout.next_line()).await {
-            Err(_) => {
-                return Err(StartError::Timeout {
-                    within,
-                    log: self.log(),
-                });
+        let deadline = tokio::time::Instant::now() + within;
+        // `--grpc-listen` adds a line before the HTTP one, with the gRPC address.
+        let (line, url) = loop {
+            let line = match tokio::time::timeout_at(deadline, stdout.next_line()).await {
+                Err(_) => {
+                    return Err(StartError::Timeout {
+                        within,
+                        log: self.log(),
+                    });
+                }
+                Ok(line) => line?,
+            };
+            let Some(line) = line else {
+                return Err(StartError::Exited { log: self.log() });
+            };
+            if line.starts_with("idem gRPC") {
+                self.grpc_addr = line.split_whitespace().last().map(str::to_owned);
+                continue;
             }
-            Ok(line) => line?,
+            let url = line
+                .split_whitespace()
+                .find(|w| w.starts_with("http://") || w.starts_with("https://"))
+                .map(str::to_owned);
+            break (line, url);
         };
-        let Some(line) = line else {
-            return Err(StartError::Exited { log: self.log() });
-        };
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://") || w.starts_with("https://"))
-            .ok_or_else(|| StartError::Unexpected { line: line.clone() })?;
-        self.url = url.to_owned();
+        let url = url.ok_or_else(|| StartError::Unexpected { line: line.clone() })?;
+        self.url = url;
         tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
         Ok(self.url.clone())
+    }
+
+    /// The gRPC listener's `host:port` (`--grpc-listen`), once
+    /// [`listening`](IdemProcess::listening) has read it.
+    pub fn grpc_addr(&self) -> Option<&str> {
+        self.grpc_addr.as_deref()
     }
 
     /// The base URL; empty until [`listening`](IdemProcess::listening) has read it.

@@ -1,0 +1,222 @@
+//! DTM's gRPC door (`--grpc-listen`, the `dtmgimp.Dtm` service) driven by a client that
+//! PyPI's grpcio-tools generates from our proto at test time (`dtm_grpc/client.py`): a saga
+//! (and the same saga submitted again), a failing saga (`ABORTED`), a TCC whose Try fails
+//! (Abort, so both branches are cancelled), a TCC that commits, a msg completed through its
+//! QueryPrepared, bad input (`INVALID_ARGUMENT`, never `INTERNAL`, nothing stored), an
+//! unknown gid (`NOT_FOUND`) and a topic RPC (`UNIMPLEMENTED`); with a token in the
+//! `authorization` metadata. The participant is a real HTTP server that records every
+//! call: what it received is checked here. On SQLite, PostgreSQL and MariaDB.
+//!
+//! Needs a Python with grpcio-tools: `scripts/test` makes a virtualenv and points
+//! `IDEM_GRPC_PYTHON` at it.
+
+use crate::common;
+
+use common::auth::{Setup, get, wait_status};
+use common::recorder::{Call, Recorder};
+use idem::auth::Role;
+use idem_dtm_proto::{DtmClient, DtmRequest};
+use idem_participant::testing::{Backend, TestDatabase};
+use serde_json::Value;
+
+fn python() -> String {
+    // A test that cannot run fails with the reason: it is never counted as passed.
+    std::env::var("IDEM_GRPC_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "not run: set IDEM_GRPC_PYTHON to a python with grpcio-tools \
+             (scripts/test makes one in .venv-grpc)"
+        )
+    })
+}
+
+async fn grpc_door(backend: Backend, test: &str) {
+    let python = python();
+    let db = TestDatabase::create(backend, test).await;
+    let s = Setup::with(db, |c| c.grpc_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let grpc = s.server.grpc_addr.expect("a gRPC listener");
+    let token = s.token("grpc", Role::Client).await;
+    let p = &s.recorder;
+    p.answer("/saga/inFail", None, usize::MAX, 409);
+    p.answer("/tcc/tryFail", None, usize::MAX, 409);
+
+    let run = "g";
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/dtm_grpc/client.py");
+    let out = tokio::process::Command::new(&python)
+        .arg(script)
+        .env("IDEM_GRPC", grpc.to_string())
+        .env("PARTICIPANT", p.url(""))
+        .env("RUN", run)
+        .env("IDEM_TOKEN", &token)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("all checks passed"),
+        "the gRPC client failed:\n{stdout}\n{stderr}"
+    );
+    let results: Value = serde_json::from_str(stdout.trim_end_matches("all checks passed\n"))
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    for (name, result) in results.as_object().unwrap() {
+        if name.starts_with("bad_") {
+            let message = result["message"].as_str().unwrap();
+            assert!(
+                message.contains(':') && !message.to_lowercase().contains("internal"),
+                "{name}: a bad request's message names idem's code: {result}"
+            );
+        }
+    }
+
+    // The saga ran once, submitted twice: each step once, with its payload's bytes and
+    // DTM's query parameters.
+    let saga = wait_status(&s, &token, &format!("{run}-saga"), "succeeded").await;
+    assert_eq!(saga["kind"], "saga");
+    let calls = calls_of(p, &format!("{run}-saga"));
+    assert_eq!(paths(&calls), ["/saga/out", "/saga/in"], "{calls:#?}");
+    assert_eq!(calls[0].body, r#"{"amount":30,"step":"out"}"#);
+    assert_eq!(calls[1].body, r#"{"amount":30,"step":"in"}"#);
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.trans_type == "saga" && c.op == "action")
+    );
+
+    // The failing saga was compensated and its second action never retried past FAILURE.
+    wait_status(&s, &token, &format!("{run}-saga-fail"), "failed").await;
+    let fail = paths(&calls_of(p, &format!("{run}-saga-fail")));
+    assert_eq!(fail[..2], ["/saga/out", "/saga/inFail"], "{fail:?}");
+    assert!(fail.contains(&"/saga/outRevert".to_owned()), "{fail:?}");
+
+    // The TCC whose second Try failed: both branches cancelled with their payloads, none
+    // confirmed.
+    wait_status(&s, &token, &format!("{run}-tcc"), "failed").await;
+    let tcc = calls_of(p, &format!("{run}-tcc"));
+    let mut cancels: Vec<(String, String)> = tcc
+        .iter()
+        .filter(|c| c.path == "/tcc/cancel")
+        .map(|c| (c.branch_id.clone(), c.body.clone()))
+        .collect();
+    cancels.sort();
+    assert_eq!(
+        cancels,
+        [
+            ("01".to_owned(), r#"{"branch": "01"}"#.to_owned()),
+            ("02".to_owned(), r#"{"branch": "02"}"#.to_owned())
+        ],
+        "{tcc:#?}"
+    );
+    assert!(tcc.iter().all(|c| c.path != "/tcc/confirm"), "{tcc:#?}");
+    assert!(
+        tcc.iter()
+            .filter(|c| c.path == "/tcc/cancel")
+            .all(|c| c.op == "cancel" && c.trans_type == "tcc")
+    );
+
+    // The committed TCC: one Confirm.
+    wait_status(&s, &token, &format!("{run}-tcc-ok"), "succeeded").await;
+    let ok = calls_of(p, &format!("{run}-tcc-ok"));
+    assert_eq!(paths(&ok), ["/tcc/confirm"], "{ok:#?}");
+    assert_eq!(ok[0].body, r#"{"branch":"ok"}"#);
+
+    // The msg: asked after its timeout, then sent once.
+    let msg = format!("{run}-msg");
+    wait_status(&s, &token, &msg, "succeeded").await;
+    let msg_calls = paths(&calls_of(p, &msg));
+    assert_eq!(
+        msg_calls,
+        ["/msg/queryPrepared", "/msg/in"],
+        "{msg_calls:?}"
+    );
+    assert_eq!(
+        calls_of(p, &msg)[1].body,
+        r#"{"amount":7}"#,
+        "the msg step's payload"
+    );
+
+    // Nothing was stored for the refused requests.
+    for gid in [
+        "bad-kind",
+        "bad-json",
+        "bad-timeout",
+        "bad-url",
+        "bad-binary",
+    ] {
+        let path = format!("/api/v1/transactions/{run}-{gid}");
+        let (status, body) = get(&s, &path, Some(&token)).await;
+        assert_eq!(status, 404, "{gid}: {body}");
+    }
+
+    // Without a token (and no token-less door), the gRPC door refuses like the HTTP one.
+    let mut client = DtmClient::connect(format!("http://{grpc}")).await.unwrap();
+    let refused = client.new_gid(()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    let submit = DtmRequest {
+        gid: format!("{run}-no-token"),
+        trans_type: "saga".into(),
+        steps: format!(r#"[{{"action":"{}"}}]"#, p.url("/x")),
+        ..DtmRequest::default()
+    };
+    let refused = client.submit(submit).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    s.finish().await;
+}
+
+fn calls_of(p: &Recorder, gid: &str) -> Vec<Call> {
+    p.calls().into_iter().filter(|c| c.gid == gid).collect()
+}
+
+fn paths(calls: &[Call]) -> Vec<String> {
+    calls.iter().map(|c| c.path.clone()).collect()
+}
+
+#[tokio::test]
+async fn grpc_clients_drive_the_dtm_door_on_sqlite() {
+    grpc_door(Backend::Sqlite, "grpc_door_sqlite").await;
+}
+
+#[tokio::test]
+async fn grpc_clients_drive_the_dtm_door_on_postgres() {
+    grpc_door(Backend::Postgres, "grpc_door_pg").await;
+}
+
+#[tokio::test]
+async fn grpc_clients_drive_the_dtm_door_on_mariadb() {
+    grpc_door(Backend::Mysql, "grpc_door_mysql").await;
+}
+
+/// DTM's token-less door over gRPC: from loopback, listed in `--dtm-tokenless-from`, a
+/// client without a token acts as `--dtm-tenant`'s client, as over HTTP.
+#[tokio::test]
+async fn the_tokenless_door_takes_grpc_clients_from_the_listed_networks() {
+    let db = TestDatabase::create(Backend::Sqlite, "grpc_tokenless").await;
+    let s = Setup::with(db, |c| {
+        c.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.auth.dtm_tenant = Some("legacy".into());
+        c.auth.dtm_tokenless_from = vec!["127.0.0.0/8".parse().unwrap()];
+    })
+    .await;
+    let grpc = s.server.grpc_addr.unwrap();
+    let mut client = DtmClient::connect(format!("http://{grpc}")).await.unwrap();
+    let gid = client.new_gid(()).await.unwrap().into_inner().gid;
+    assert!(!gid.is_empty());
+    let submit = DtmRequest {
+        gid: "tokenless-grpc".into(),
+        trans_type: "saga".into(),
+        steps: format!(
+            r#"[{{"action":"{}","compensate":"{}"}}]"#,
+            s.recorder.url("/step/action"),
+            s.recorder.url("/step/compensate")
+        ),
+        bin_payloads: vec![b"{}".to_vec()],
+        ..DtmRequest::default()
+    };
+    client.submit(submit).await.unwrap();
+    let admin = s.token("legacy", Role::Admin).await;
+    let done = wait_status(&s, &admin, "tokenless-grpc", "succeeded").await;
+    assert_eq!(done["kind"], "saga");
+    let other = s.token("other", Role::Admin).await;
+    let (status, _) = get(&s, "/api/v1/transactions/tokenless-grpc", Some(&other)).await;
+    assert_eq!(status, 404, "another tenant does not see it");
+    s.finish().await;
+}
