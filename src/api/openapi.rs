@@ -215,17 +215,18 @@ pub fn spec() -> Value {
 }
 
 /// A created transaction's gid leads to the operations on it (OpenAPI links), so a client
-/// generator or a stateful fuzzer can follow a create with them.
+/// generator or a stateful fuzzer can follow a create with them: every operation whose
+/// path takes the `{gid}` parameter, read from the spec itself, so an operation without
+/// one (the bulk actions) never gets a link that names a parameter it does not have.
 fn add_links(spec: &mut Value) {
     let gid = json!({"gid": "$response.body#/gid"});
-    let links: serde_json::Map<String, Value> = ERRORS
+    let empty = serde_json::Map::new();
+    let paths = spec["paths"].as_object().unwrap_or(&empty);
+    let links: serde_json::Map<String, Value> = paths
         .iter()
-        .map(|(id, _)| *id)
-        .filter(|id| {
-            !matches!(*id, "create" | "list" | "whoami" | "overview")
-                && !id.ends_with("_token")
-                && *id != "list_tokens"
-        })
+        .filter(|(path, _)| path.contains("{gid}"))
+        .flat_map(|(_, operations)| operations.as_object().into_iter().flatten())
+        .filter_map(|(_, operation)| operation["operationId"].as_str())
         .map(|id| (id.to_owned(), json!({"operationId": id, "parameters": gid})))
         .collect();
     let create = &mut spec["paths"]["/api/v1/transactions"]["post"]["responses"];
@@ -437,6 +438,26 @@ mod tests {
             created["links"]["submit"]["operationId"], "submit",
             "{created}"
         );
+        // Every link names an operation that takes the parameter it fills (schemathesis
+        // refused the spec when one pointed at the bulk actions, which take no gid).
+        let paths = spec["paths"].as_object().unwrap();
+        for (name, link) in created["links"].as_object().unwrap() {
+            let target = paths
+                .iter()
+                .find(|(_, ops)| {
+                    ops.as_object()
+                        .unwrap()
+                        .values()
+                        .any(|op| op["operationId"] == link["operationId"])
+                })
+                .unwrap_or_else(|| panic!("link {name} names no operation"));
+            assert!(
+                target.0.contains("{gid}"),
+                "link {name} goes to {}",
+                target.0
+            );
+        }
+        assert!(created["links"].get("bulk").is_none(), "{created}");
         let abort = &spec["paths"]["/api/v1/transactions/{gid}/abort"]["post"];
         assert_eq!(abort["requestBody"]["required"], json!(false), "{abort}");
         let limited = &spec["paths"]["/api/v1/transactions"]["post"]["responses"]["429"];
