@@ -85,7 +85,10 @@ impl Engine {
                 let done = match request.operation {
                     BulkOperation::Retry => self.retry(&key).await,
                     BulkOperation::ForceStop => self.force_stop(&key, &request.reason).await,
-                    BulkOperation::Abort => self.abort(&key, &request.reason, access).await,
+                    BulkOperation::Abort => self
+                        .abort(&key, &request.reason, access)
+                        .await
+                        .map(|(s, _)| s),
                 };
                 Some(done.map(|s| s.tx.status))
             };

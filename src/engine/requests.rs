@@ -164,17 +164,19 @@ impl Engine {
             .map(|(s, _)| s)
     }
 
-    /// Rolls back a prepared TCC (Cancels) or msg (fails it) that `access` admits.
+    /// Rolls back a prepared TCC (Cancels) or msg (fails it) that `access` admits; also
+    /// says whether this request changed it (`false`: it was aborting or over already,
+    /// which DTM's door answers as DTM does).
     pub async fn abort(
         self: &Arc<Self>,
         gid: &str,
         reason: &str,
         access: Access,
-    ) -> Result<StoredTx, EngineError> {
+    ) -> Result<(StoredTx, bool), EngineError> {
         let event = Event::Abort {
             reason: reason.to_owned(),
         };
-        self.take_over(gid, event, access).await.map(|(s, _)| s)
+        self.take_over(gid, event, access).await
     }
 
     /// Resumes a stalled transaction, or makes a backing-off one due now.

@@ -404,6 +404,112 @@ async fn tcc_prepare_register_submit_with_nulls_and_unknown_keys() {
     db.drop_database().await;
 }
 
+/// DTM aborts only a transaction that is prepared or aborting: the abort that fails a TCC
+/// is a SUCCESS, and an abort of one that has failed already is a FAILURE (409), as DTM
+/// answers it (dtmcli's `tcc_global_transaction` raises on it).
+#[tokio::test]
+async fn an_abort_of_a_failed_tcc_is_a_failure_as_in_dtm() {
+    let (db, server, api, p) = setup("dtm_abort_failed").await;
+    let tcc = json!({"gid": "ab", "trans_type": "tcc"});
+    assert_eq!(api.post("/prepare", tcc.clone()).await.0, 200);
+    let reg = json!({"gid": "ab", "branch_id": "01", "trans_type": "tcc", "data": "{}",
+                     "confirm": p.url("/confirm"), "cancel": p.url("/cancel")});
+    assert_eq!(api.post("/registerBranch", reg).await.0, 200);
+    let (code, answer) = api.post("/abort", tcc.clone()).await;
+    assert_eq!(
+        (code, answer["dtm_result"].as_str()),
+        (200, Some("SUCCESS")),
+        "{answer}"
+    );
+    wait_dtm_status(&api, "ab", "failed").await;
+    let (code, answer) = api.post("/abort", tcc.clone()).await;
+    assert_eq!(
+        (code, answer["dtm_result"].as_str()),
+        (409, Some("FAILURE")),
+        "{answer}"
+    );
+    assert!(
+        answer["message"].as_str().unwrap().contains("cannot abort"),
+        "{answer}"
+    );
+    assert_eq!(p.paths("ab"), ["/cancel"], "cancelled once");
+    server.stop().await.unwrap();
+    db.drop_database().await;
+}
+
+/// What idem does not serve of DTM's transaction surface is refused with `400
+/// unsupported` and a message saying what instead, and nothing is stored: XA, msg topics
+/// (the routes, and `topic://` steps), delayed messages and workflow.
+#[tokio::test]
+async fn what_idem_does_not_serve_is_refused_as_unsupported() {
+    let (db, server, api, p) = setup("dtm_unsupported").await;
+    let msg = |gid: &str, action: String, custom: Option<&str>| {
+        json!({"gid": gid, "trans_type": "msg", "steps": [{"action": action}],
+               "payloads": ["{}"], "custom_data": custom})
+    };
+    let posts = [
+        ("/prepare", msg("topic", "topic://orders".into(), None)),
+        ("/submit", msg("topic2", "topic://orders".into(), None)),
+        (
+            "/submit",
+            msg("delayed", p.url("/in"), Some(r#"{"delay": 10}"#)),
+        ),
+        (
+            "/prepareWorkflow",
+            json!({"gid": "wf", "trans_type": "workflow"}),
+        ),
+        (
+            "/registerXaBranch",
+            json!({"gid": "xa", "branch_id": "01", "trans_type": "xa", "url": p.url("/xa")}),
+        ),
+        (
+            "/registerBranch",
+            json!({"gid": "xa", "branch_id": "01", "trans_type": "xa", "url": p.url("/xa")}),
+        ),
+    ];
+    for (path, body) in posts {
+        let (code, answer) = api.post(path, body.clone()).await;
+        assert_eq!(
+            (code, answer["error"]["code"].as_str()),
+            (400, Some("unsupported")),
+            "{path} {body}: {answer}"
+        );
+        assert!(answer.get("dtm_result").is_none(), "{answer}");
+    }
+    for path in [
+        "/subscribe?topic=t&url=http://x/y",
+        "/unsubscribe?topic=t&url=http://x/y",
+        "/scanKV?cat=topics",
+        "/queryKV?cat=topics&key=t",
+    ] {
+        let (code, answer) = api.get(path).await;
+        assert_eq!(
+            (code, answer["error"]["code"].as_str()),
+            (400, Some("unsupported")),
+            "{path}: {answer}"
+        );
+        assert!(
+            answer["message"].as_str().unwrap().contains("topics"),
+            "{answer}"
+        );
+    }
+    let deleted = reqwest::Client::new()
+        .delete(format!("{}/topic/orders", api.base))
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 400);
+    for gid in ["topic", "topic2", "delayed", "wf", "xa"] {
+        // DTM's query answers an unknown gid with no transaction.
+        let q = query(&api, gid).await;
+        assert!(q["transaction"].is_null(), "{gid} was stored: {q}");
+    }
+    assert!(p.calls().is_empty());
+    server.stop().await.unwrap();
+    db.drop_database().await;
+}
+
 #[tokio::test]
 async fn stalled_is_visible_in_query_and_force_stop_ends_it() {
     let (db, server, api, p) = setup("dtm_stalled").await;

@@ -169,7 +169,16 @@ pub(super) async fn abort(
         .reason
         .clone()
         .unwrap_or_else(|| "aborted by the client".into());
-    app.engine.abort(&t.gid, &reason, caller.access()).await?;
+    let (stored, changed) = app.engine.abort(&t.gid, &reason, caller.access()).await?;
+    // DTM aborts only what is prepared or aborting: an abort of a transaction that had
+    // already failed is its FAILURE (dtmcli's tcc_global_transaction raises on it), not a
+    // second success.
+    if !changed && stored.tx.status == Status::Failed {
+        return Ok(failure(format!(
+            "current status '{}', cannot abort",
+            dtm_status(stored.tx.status)
+        )));
+    }
     finish(&app, &t).await
 }
 
@@ -224,6 +233,22 @@ fn parse_for(
     let mut t = parse(body, app)?;
     t.gid = caller.key(&t.gid);
     Ok(t)
+}
+
+/// Why DTM's topic routes are refused (the gRPC door's topic RPCs say the same).
+pub const NO_TOPICS: &str =
+    "msg topics are not supported by idem; name each msg step's participant URL";
+
+/// Why DTM's workflow routes are refused.
+pub const NO_WORKFLOW: &str =
+    "DTM's workflow mode is not supported by idem; use a saga, TCC or msg";
+
+pub(super) async fn unsupported_topics() -> DtmError {
+    DtmError(ApiError::bad_request("unsupported", NO_TOPICS))
+}
+
+pub(super) async fn unsupported_workflow() -> DtmError {
+    DtmError(ApiError::bad_request("unsupported", NO_WORKFLOW))
 }
 
 pub(super) async fn register_xa() -> DtmError {

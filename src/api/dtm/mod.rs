@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
@@ -26,9 +26,10 @@ mod handlers;
 mod requests;
 mod views;
 
+pub use handlers::{NO_TOPICS, NO_WORKFLOW};
 use handlers::{
     abort, all, force_stop, new_gid, ping, prepare, query, register_branch, register_xa, submit,
-    version,
+    unsupported_topics, unsupported_workflow, version,
 };
 pub use requests::{Trans, parse_trans};
 pub use views::dtm_status;
@@ -47,6 +48,14 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/dtmsvr/registerXaBranch", post(register_xa))
         .route("/api/dtmsvr/query", get(query))
         .route("/api/dtmsvr/all", get(all))
+        // DTM's topics (and its key-value listing of them) and workflow mode, which idem
+        // does not have: a clear refusal rather than a 404 that reads like a wrong URL.
+        .route("/api/dtmsvr/subscribe", get(unsupported_topics))
+        .route("/api/dtmsvr/unsubscribe", get(unsupported_topics))
+        .route("/api/dtmsvr/topic/{topic}", delete(unsupported_topics))
+        .route("/api/dtmsvr/scanKV", get(unsupported_topics))
+        .route("/api/dtmsvr/queryKV", get(unsupported_topics))
+        .route("/api/dtmsvr/prepareWorkflow", post(unsupported_workflow))
 }
 
 /// DTM's liveness probe, which it does not: a probe refused with 429 would take a healthy

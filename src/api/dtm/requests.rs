@@ -202,6 +202,16 @@ pub fn parse_trans(
     let mut steps = Vec::with_capacity(raw_steps.len);
     for (i, step) in raw_steps.kept.into_iter().enumerate() {
         let action = step.action.unwrap_or_default();
+        if action.starts_with("topic://") {
+            return Err(ApiError::bad_request(
+                "unsupported",
+                format!(
+                    "steps[{i}].action: msg topics (topic://) are not supported by idem; \
+                     name each step's participant URL"
+                ),
+            )
+            .into());
+        }
         check_url(&format!("steps[{i}].action"), &action)?;
         let compensate = step.compensate.unwrap_or_default();
         if kind == Kind::Saga {
@@ -291,8 +301,9 @@ fn apply_custom_data(
     let custom: Custom = serde_json::from_str(custom)
         .map_err(|e| bad(format!("custom_data is not the JSON idem expects: {e}")))?;
     if custom.delay.is_some_and(|d| d > 0) {
-        return Err(bad(
-            "custom_data.delay (delayed messages) is not supported".into()
+        return Err(ApiError::bad_request(
+            "unsupported",
+            "custom_data.delay: delayed messages are not supported by idem",
         ));
     }
     if kind == Kind::Saga {

@@ -28,6 +28,8 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status};
 use tower::ServiceExt;
 
+use super::dtm::{NO_TOPICS, NO_WORKFLOW};
+
 mod serve;
 mod translate;
 
@@ -225,8 +227,6 @@ fn unimplemented(rpc: &str, why: &str) -> Status {
     Status::unimplemented(format!("{rpc}: {why}"))
 }
 
-const NO_TOPICS: &str = "idem does not keep msg topics; name each msg step's URL (see README, DTM)";
-
 #[tonic::async_trait]
 impl Dtm for DtmGrpc {
     async fn new_gid(&self, request: Request<()>) -> Result<Response<DtmGidReply>, Status> {
@@ -279,10 +279,7 @@ impl Dtm for DtmGrpc {
         &self,
         _request: Request<DtmRequest>,
     ) -> Result<Response<DtmProgressesReply>, Status> {
-        Err(unimplemented(
-            "PrepareWorkflow",
-            "idem does not run DTM's workflow mode; use a saga or TCC",
-        ))
+        Err(unimplemented("PrepareWorkflow", NO_WORKFLOW))
     }
 
     async fn subscribe(&self, _request: Request<DtmTopicRequest>) -> Result<Response<()>, Status> {

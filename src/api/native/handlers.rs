@@ -231,7 +231,7 @@ async fn operate(
         Operation::Submit => engine.submit(&gid, caller.access()).await?,
         Operation::Abort => {
             let reason = reason("aborted by the client");
-            engine.abort(&gid, &reason, caller.access()).await?
+            engine.abort(&gid, &reason, caller.access()).await?.0
         }
         Operation::Retry => engine.retry(&gid).await?,
         Operation::ForceStop => {

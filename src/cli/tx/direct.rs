@@ -133,7 +133,10 @@ impl Direct {
         let stored = match op {
             Operation::Retry => engine.retry(gid).await,
             Operation::ForceStop => engine.force_stop(gid, reason).await,
-            Operation::Abort => engine.abort(gid, reason, Access::Tenant).await,
+            Operation::Abort => engine
+                .abort(gid, reason, Access::Tenant)
+                .await
+                .map(|(s, _)| s),
         }
         .map_err(|e| self.engine_error(e))?;
         Ok(serde_json::to_value(tx_view(&stored, None))?)

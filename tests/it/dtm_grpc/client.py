@@ -103,6 +103,10 @@ call("tcc_abort", dtm.Abort, pb.DtmRequest(Gid=tcc, TransType="tcc", Steps="null
                                            TransOptions=options(WaitResult=True)),
      grpc.StatusCode.ABORTED)
 
+# Once it has failed, an abort again is FAILURE (ABORTED), as DTM answers it.
+call("tcc_abort_again", dtm.Abort, pb.DtmRequest(Gid=tcc, TransType="tcc", Steps="null"),
+     grpc.StatusCode.ABORTED)
+
 # A TCC that commits.
 tcc_ok = f"{RUN}-tcc-ok"
 call("tcc_ok_prepare", dtm.Prepare, pb.DtmRequest(Gid=tcc_ok, TransType="tcc"), grpc.StatusCode.OK)
@@ -145,7 +149,23 @@ call("bad_branch_id", dtm.RegisterBranch,
      grpc.StatusCode.INVALID_ARGUMENT)
 call("abort_unknown", dtm.Abort, pb.DtmRequest(Gid=f"{RUN}-never-created", TransType="tcc"),
      grpc.StatusCode.NOT_FOUND)
-call("subscribe", dtm.Subscribe, pb.DtmTopicRequest(Topic="t", URL=f"{P}/x"),
+# What idem does not serve: a clear code and message, nothing stored.
+call("bad_topic_step", dtm.Submit,
+     pb.DtmRequest(Gid=f"{RUN}-bad-topic", TransType="msg",
+                   Steps=json.dumps([{"action": "topic://orders"}]), BinPayloads=[b"{}"]),
+     grpc.StatusCode.INVALID_ARGUMENT)
+call("bad_delay", dtm.Submit,
+     pb.DtmRequest(Gid=f"{RUN}-bad-delay", TransType="msg", CustomedData='{"delay":10}',
+                   Steps=json.dumps([{"action": f"{P}/msg/in"}]), BinPayloads=[b"{}"]),
+     grpc.StatusCode.INVALID_ARGUMENT)
+call("bad_xa", dtm.RegisterBranch,
+     pb.DtmBranchRequest(Gid=f"{RUN}-xa", TransType="xa", BranchID="01", Op="action",
+                         Data={"url": f"{P}/xa"}),
+     grpc.StatusCode.INVALID_ARGUMENT)
+for name, rpc in (("subscribe", dtm.Subscribe), ("unsubscribe", dtm.Unsubscribe),
+                  ("delete_topic", dtm.DeleteTopic)):
+    call(name, rpc, pb.DtmTopicRequest(Topic="t", URL=f"{P}/x"), grpc.StatusCode.UNIMPLEMENTED)
+call("workflow", dtm.PrepareWorkflow, pb.DtmRequest(Gid=f"{RUN}-wf", TransType="workflow"),
      grpc.StatusCode.UNIMPLEMENTED)
 
 print(json.dumps(RESULTS, indent=1))
