@@ -220,3 +220,64 @@ async fn the_tokenless_door_takes_grpc_clients_from_the_listed_networks() {
     assert_eq!(status, 404, "another tenant does not see it");
     s.finish().await;
 }
+
+/// The rate limit and the metrics hold over gRPC as over HTTP: past the burst, a request is
+/// `RESOURCE_EXHAUSTED` with `retry-after` metadata and stores nothing, and every RPC is
+/// counted by method and code.
+#[tokio::test]
+async fn the_rate_limit_refuses_grpc_calls_and_they_are_counted() {
+    let db = TestDatabase::create(Backend::Sqlite, "grpc_rate").await;
+    let server = common::coordinator_with(&db.url, |c| {
+        c.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.rate_limit = idem::api::rate_limit::RateLimitConfig {
+            per_second: 1,
+            burst: 3,
+        };
+    })
+    .await;
+    let grpc = server.grpc_addr.unwrap();
+    let mut client = DtmClient::connect(format!("http://{grpc}")).await.unwrap();
+    for _ in 0..3 {
+        client.new_gid(()).await.unwrap();
+    }
+    let submit = DtmRequest {
+        gid: "over-the-rate".into(),
+        trans_type: "saga".into(),
+        steps: r#"[{"action":"http://127.0.0.1:9/a","compensate":"http://127.0.0.1:9/c"}]"#.into(),
+        ..DtmRequest::default()
+    };
+    let refused = client.submit(submit).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused.metadata().get("idem-error-code").unwrap(),
+        "rate_limited"
+    );
+    assert!(
+        refused.metadata().get("retry-after").is_some(),
+        "{refused:?}"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", server.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        r#"idem_grpc_requests_total{method="Submit",code="RESOURCE_EXHAUSTED"}"#,
+        r#"idem_grpc_requests_total{method="NewGid",code="OK"}"#,
+    ] {
+        assert!(metrics.contains(series), "{series} not in /metrics");
+    }
+    let store = common::open(&db.url).await;
+    assert!(
+        store.load("over-the-rate").await.unwrap().is_none(),
+        "stored"
+    );
+    drop(store);
+    server.stop().await.unwrap();
+    db.drop_database().await;
+}

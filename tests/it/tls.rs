@@ -391,3 +391,40 @@ async fn idem_tx_trusts_a_private_ca_when_told() {
     );
     db.drop_database().await;
 }
+
+/// DTM's gRPC door serves TLS with the API's certificate (ALPN h2), to a gRPC stack of its
+/// own (Python's grpcio, which trusts the test CA only); a plain-text gRPC client gets no
+/// answer from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_door_serves_tls_with_the_apis_certificate() {
+    let python = std::env::var("IDEM_GRPC_PYTHON").unwrap_or_else(|_| {
+        panic!("not run: set IDEM_GRPC_PYTHON to a python with grpcio-tools (scripts/test)")
+    });
+    let (db, dir, ca) = setup("tls_grpc").await;
+    let leaf = ca.issue("idem-grpc", Usage::Server);
+    let idem = serve_https(&db, &dir, &leaf, &["--grpc-listen", "127.0.0.1:0"]).await;
+    let grpc = idem.grpc_addr().expect("a gRPC listener").to_owned();
+    let ca_file = ca.write(&dir, "ca");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/dtm_grpc/client.py");
+    let run = |tls: bool| {
+        let mut command = std::process::Command::new(&python);
+        command
+            .arg(script)
+            .env("IDEM_GRPC", &grpc)
+            .env("ONLY", "new_gid");
+        if tls {
+            command.env("IDEM_GRPC_CA", &ca_file);
+        }
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(run(true), "NewGid OK 32");
+    assert_eq!(run(false), "NewGid UNAVAILABLE");
+    drop(idem);
+    db.drop_database().await;
+}

@@ -30,10 +30,23 @@ import dtmgimp_pb2 as pb  # noqa: E402
 import dtmgimp_pb2_grpc as pb_grpc  # noqa: E402
 from google.protobuf import empty_pb2  # noqa: E402
 
+# IDEM_GRPC_CA: the listener serves TLS; trust this CA file. ONLY=new_gid: ask for a gid
+# and stop (the TLS test), printing the status code.
+CA = os.environ.get("IDEM_GRPC_CA")
+if CA:
+    with open(CA, "rb") as f:
+        channel = grpc.secure_channel(os.environ["IDEM_GRPC"], grpc.ssl_channel_credentials(f.read()))
+else:
+    channel = grpc.insecure_channel(os.environ["IDEM_GRPC"])
+dtm = pb_grpc.DtmStub(channel)
+if os.environ.get("ONLY") == "new_gid":
+    try:
+        print("NewGid", "OK", len(dtm.NewGid(empty_pb2.Empty(), timeout=10).Gid))
+    except grpc.RpcError as e:
+        print("NewGid", e.code().name)
+    sys.exit(0)
 P = os.environ["PARTICIPANT"]
 RUN = os.environ["RUN"]
-channel = grpc.insecure_channel(os.environ["IDEM_GRPC"])
-dtm = pb_grpc.DtmStub(channel)
 TOKEN = os.environ.get("IDEM_TOKEN")
 METADATA = [("authorization", f"Bearer {TOKEN}")] if TOKEN else []
 RESULTS = {}
