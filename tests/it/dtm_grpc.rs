@@ -134,6 +134,13 @@ async fn grpc_door(backend: Backend, test: &str) {
         "the msg step's payload"
     );
 
+    // The msg prepared and submitted: sent once, never asked about.
+    let msg2 = format!("{run}-msg-submitted");
+    wait_status(&s, &token, &msg2, "succeeded").await;
+    let msg2_calls = calls_of(p, &msg2);
+    assert_eq!(paths(&msg2_calls), ["/msg/in"], "{msg2_calls:#?}");
+    assert_eq!(msg2_calls[0].body, r#"{"amount":8}"#);
+
     // Nothing was stored for the refused requests.
     for gid in [
         "bad-kind",

@@ -140,6 +140,15 @@ call("msg_prepare", dtm.Prepare,
                    BinPayloads=[b'{"amount":7}'], TransOptions=options(TimeoutToFail=1)),
      grpc.StatusCode.OK)
 
+# A msg as Go's dtmgrpc sends it: Prepare, the local transaction, then Submit with the
+# same request; the step is sent once and QueryPrepared is never asked.
+msg2 = pb.DtmRequest(Gid=f"{RUN}-msg-submitted", TransType="msg",
+                     QueryPrepared=f"{P}/msg/queryPrepared",
+                     Steps=json.dumps([{"action": f"{P}/msg/in"}]),
+                     BinPayloads=[b'{"amount":8}'], TransOptions=options(WaitResult=True))
+call("msg2_prepare", dtm.Prepare, msg2, grpc.StatusCode.OK)
+call("msg2_submit", dtm.Submit, msg2, grpc.StatusCode.OK)
+
 # Bad input: INVALID_ARGUMENT with idem's code, never INTERNAL; nothing is stored.
 bad = {
     "bad_no_gid": pb.DtmRequest(TransType="saga", Steps=json.dumps([{"action": f"{P}/x"}])),
