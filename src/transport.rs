@@ -20,6 +20,8 @@
 //! port, path and query, body, time, tenant and call id, made with the tenant's key (see
 //! [`idem_signing`] and [`crate::signing`]); without keys, calls go unsigned.
 //!
+//! A branch URL without a scheme is DTM's gRPC target: [`grpc`] calls it.
+//!
 //! Every call is checked against the tenant's entry of the outbound policy (see
 //! [`crate::outbound`]) before anything is sent: the URL, and every address its name
 //! resolves to (each entry has its own client, whose resolver drops what the entry does
@@ -38,6 +40,7 @@ use crate::tls::OutboundTls;
 pub use crate::tls::install_crypto_provider;
 
 mod answer;
+mod grpc;
 use crate::outbound::resolve::PolicyResolver;
 use crate::outbound::{DENIED_PREFIX, OutboundPolicy, Refusal, Rule, redact_userinfo};
 pub use answer::classify;
@@ -221,6 +224,11 @@ impl HttpTransport {
 #[async_trait::async_trait]
 impl Transport for HttpTransport {
     async fn call(&self, request: &CallRequest) -> CallResult {
+        // DTM's gRPC branches: a URL without a scheme (see `outbound::GrpcTarget`).
+        if let Some(target) = crate::outbound::GrpcTarget::parse(&request.url) {
+            let policy = &self.clients.policy;
+            return grpc::call(policy, self.max_answer, request, &target).await;
+        }
         let started = Instant::now();
         let checked = Self::url(request)
             .and_then(|url| self.client_for(request, &url).map(|client| (url, client)));

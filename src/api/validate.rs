@@ -137,6 +137,20 @@ pub fn check_url(field: &str, url: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A branch URL of DTM's door: an `http(s)://` URL ([`check_url`]) or, as in DTM, a gRPC
+/// target without a scheme (`host:port/package.Service/Method`; see
+/// [`crate::outbound::GrpcTarget`]).
+pub fn check_dtm_url(field: &str, url: &str) -> Result<(), ApiError> {
+    if url.len() <= MAX_URL_LEN && crate::outbound::GrpcTarget::parse(url).is_some() {
+        return Ok(());
+    }
+    check_url(field, url).map_err(|mut e| {
+        e.message
+            .push_str(", or a gRPC target host:port/package.Service/Method");
+        e
+    })
+}
+
 /// The outbound policy's registration check of URLs that passed [`check_url`]. The
 /// message names the field and the rule; the URL itself is not repeated, so no
 /// credentials are echoed.

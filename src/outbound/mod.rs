@@ -8,6 +8,7 @@
 //! `redact`: userinfo (`user:password@`) replaced by `***` in every view and log line.
 //! Semantics: docs/outbound-policy.md.
 
+pub mod grpc_target;
 pub mod own;
 pub mod policy;
 pub mod redact;
@@ -16,6 +17,7 @@ pub mod special;
 #[cfg(test)]
 mod tests;
 
+pub use grpc_target::GrpcTarget;
 pub use own::OwnListeners;
 pub use policy::{OutboundPolicy, Refusal, Rule};
 pub use redact::redact_userinfo;

@@ -183,6 +183,9 @@ impl OutboundPolicy {
     /// The registration check of a URL that `validate::check_url` accepted: parsing it
     /// again cannot fail, but a failure is a refusal, not a panic.
     pub fn check_url(&self, tenant: &str, url: &str) -> Result<(), Refusal> {
+        if let Some(target) = super::GrpcTarget::parse(url) {
+            return self.check_parsed(tenant, &target.http_url());
+        }
         let parsed = Url::parse(url).map_err(|_| Refusal("the URL does not parse".into()))?;
         self.check_parsed(tenant, &parsed)
     }

@@ -288,3 +288,264 @@ async fn the_rate_limit_refuses_grpc_calls_and_they_are_counted() {
     server.stop().await.unwrap();
     db.drop_database().await;
 }
+
+/// A gRPC participant on Python's grpcio (`dtm_grpc/participant.py`), for one test.
+struct GrpcParticipant {
+    child: tokio::process::Child,
+    port: u16,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl GrpcParticipant {
+    async fn start(python: &str) -> GrpcParticipant {
+        use tokio::io::AsyncBufReadExt;
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/it/dtm_grpc/participant.py"
+        );
+        let mut child = tokio::process::Command::new(python)
+            .arg(script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the participant's port");
+        let port = serde_json::from_str::<Value>(&first).unwrap()["port"]
+            .as_u64()
+            .unwrap() as u16;
+        GrpcParticipant { child, port, lines }
+    }
+
+    fn target(&self, method: &str) -> String {
+        format!("127.0.0.1:{}/busi.Busi/{method}", self.port)
+    }
+
+    /// Stops it and returns every call it recorded.
+    async fn calls(mut self) -> Vec<Value> {
+        drop(self.child.stdin.take());
+        let mut calls = Vec::new();
+        while let Ok(Some(line)) = self.lines.next_line().await {
+            calls.push(serde_json::from_str(&line).unwrap());
+        }
+        let _ = self.child.wait().await;
+        calls
+    }
+}
+
+fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let value = format!("Bearer {token}").parse().unwrap();
+    request.metadata_mut().insert("authorization", value);
+    request
+}
+
+fn steps(p: &GrpcParticipant, pairs: &[(&str, &str)]) -> String {
+    let steps: Vec<Value> = pairs
+        .iter()
+        .map(|(action, compensate)| {
+            serde_json::json!({"action": p.target(action), "compensate": p.target(compensate)})
+        })
+        .collect();
+    Value::Array(steps).to_string()
+}
+
+/// The calls of `gid`, as (method's name, op, branch id, body in hex).
+fn grpc_calls(calls: &[Value], gid: &str) -> Vec<(String, String, String, String)> {
+    calls
+        .iter()
+        .filter(|c| c["metadata"]["dtm-gid"] == gid)
+        .map(|c| {
+            let m = &c["metadata"];
+            let method = c["method"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("/busi.Busi/");
+            let text = |k: &str| m[k].as_str().unwrap_or_default().to_owned();
+            (
+                method.to_owned(),
+                text("dtm-op"),
+                text("dtm-branch_id"),
+                c["body"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Branches called over gRPC, as DTM calls them: a saga whose steps succeed (one after an
+/// in-progress answer), a saga whose step fails and is compensated, a TCC confirmed, all
+/// created through the gRPC door; each call's method, DTM metadata and payload bytes are
+/// checked on the participant's side. A target the outbound policy refuses, or idem's own
+/// gRPC port, is refused at creation.
+async fn grpc_branches(backend: Backend, test: &str) {
+    let python = python();
+    let db = TestDatabase::create(backend, test).await;
+    let s = Setup::with(db, |c| c.grpc_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let grpc = s.server.grpc_addr.unwrap();
+    let token = s.token("grpc", Role::Client).await;
+    let p = GrpcParticipant::start(&python).await;
+    let mut client = DtmClient::connect(format!("http://{grpc}")).await.unwrap();
+    // A protobuf message (field 1, the string "hello"): bytes that are also UTF-8.
+    let message = b"\x0a\x05hello".to_vec();
+    let hex_message = "0a0568656c6c6f";
+
+    let ok = DtmRequest {
+        gid: "gs-ok".into(),
+        trans_type: "saga".into(),
+        steps: steps(
+            &p,
+            &[
+                ("TransOut", "TransOutRevert"),
+                ("TransOngoing", "TransInRevert"),
+            ],
+        ),
+        bin_payloads: vec![message.clone(), message.clone()],
+        trans_options: Some(idem_dtm_proto::DtmTransOptions {
+            wait_result: true,
+            ..Default::default()
+        }),
+        ..DtmRequest::default()
+    };
+    client.submit(authed(ok, &token)).await.unwrap();
+
+    let mut fail = DtmRequest {
+        gid: "gs-fail".into(),
+        trans_type: "saga".into(),
+        steps: steps(
+            &p,
+            &[
+                ("TransOut", "TransOutRevert"),
+                ("TransInFail", "TransInRevert"),
+            ],
+        ),
+        bin_payloads: vec![message.clone(), message.clone()],
+        ..DtmRequest::default()
+    };
+    fail.trans_options = Some(idem_dtm_proto::DtmTransOptions {
+        wait_result: true,
+        ..Default::default()
+    });
+    let failed = client.submit(authed(fail, &token)).await.unwrap_err();
+    assert_eq!(failed.code(), tonic::Code::Aborted, "{failed:?}");
+
+    let tcc = DtmRequest {
+        gid: "gt".into(),
+        trans_type: "tcc".into(),
+        ..DtmRequest::default()
+    };
+    client.prepare(authed(tcc.clone(), &token)).await.unwrap();
+    let branch = idem_dtm_proto::DtmBranchRequest {
+        gid: "gt".into(),
+        trans_type: "tcc".into(),
+        branch_id: "01".into(),
+        op: "try".into(),
+        data: [
+            ("confirm".to_owned(), p.target("TransOutConfirm")),
+            ("cancel".to_owned(), p.target("TransOutCancel")),
+        ]
+        .into(),
+        busi_payload: message.clone(),
+    };
+    client
+        .register_branch(authed(branch, &token))
+        .await
+        .unwrap();
+    let mut submit = tcc;
+    submit.trans_options = Some(idem_dtm_proto::DtmTransOptions {
+        wait_result: true,
+        ..Default::default()
+    });
+    client.submit(authed(submit, &token)).await.unwrap();
+
+    // Where calls may not go: a private address the policy does not list, idem's own port.
+    for (gid, action) in [
+        ("gs-private", "10.1.2.3:50051/busi.Busi/TransOut".to_owned()),
+        ("gs-own", format!("{grpc}/dtmgimp.Dtm/Submit")),
+    ] {
+        let refused = DtmRequest {
+            gid: gid.into(),
+            trans_type: "saga".into(),
+            steps: serde_json::json!([{"action": action, "compensate": action}]).to_string(),
+            bin_payloads: vec![message.clone()],
+            ..DtmRequest::default()
+        };
+        let refused = client.submit(authed(refused, &token)).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert_eq!(
+            refused.metadata().get("idem-error-code").unwrap(),
+            idem::outbound::URL_NOT_ALLOWED,
+            "{gid}"
+        );
+    }
+
+    wait_status(&s, &token, "gs-fail", "failed").await;
+    let calls = p.calls().await;
+    let ok_calls = grpc_calls(&calls, "gs-ok");
+    let m = |name: &str, op: &str, id: &str| {
+        (
+            name.to_owned(),
+            op.to_owned(),
+            id.to_owned(),
+            hex_message.to_owned(),
+        )
+    };
+    assert_eq!(
+        ok_calls,
+        [
+            m("TransOut", "action", "01"),
+            m("TransOngoing", "action", "02"),
+            m("TransOngoing", "action", "02"),
+        ],
+        "{calls:#?}"
+    );
+    let fail_calls = grpc_calls(&calls, "gs-fail");
+    assert_eq!(
+        fail_calls[..2],
+        [
+            m("TransOut", "action", "01"),
+            m("TransInFail", "action", "02")
+        ]
+    );
+    assert!(
+        fail_calls.contains(&m("TransOutRevert", "compensate", "01")),
+        "{fail_calls:?}"
+    );
+    assert!(
+        fail_calls
+            .iter()
+            .all(|c| c.0 != "TransInFail" || c.1 == "action")
+    );
+    assert_eq!(
+        grpc_calls(&calls, "gt"),
+        [m("TransOutConfirm", "confirm", "01")]
+    );
+    let first = calls
+        .iter()
+        .find(|c| c["metadata"]["dtm-gid"] == "gs-ok")
+        .unwrap();
+    assert_eq!(first["metadata"]["dtm-trans_type"], "saga", "{first}");
+    assert_eq!(first["metadata"]["idem-tenant"], "grpc", "{first}");
+    assert!(first["metadata"]["idem-call-id"].is_string(), "{first}");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn branches_are_called_over_grpc_on_sqlite() {
+    grpc_branches(Backend::Sqlite, "grpc_branches_sqlite").await;
+}
+
+#[tokio::test]
+async fn branches_are_called_over_grpc_on_postgres() {
+    grpc_branches(Backend::Postgres, "grpc_branches_pg").await;
+}
+
+#[tokio::test]
+async fn branches_are_called_over_grpc_on_mariadb() {
+    grpc_branches(Backend::Mysql, "grpc_branches_mysql").await;
+}

@@ -20,7 +20,7 @@ use crate::api::AppState;
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::validate::{
-    DTM_DEFAULT_LIST_LIMIT, branch_urls, check_id, check_payload, check_reason, check_url,
+    DTM_DEFAULT_LIST_LIMIT, branch_urls, check_dtm_url, check_id, check_payload, check_reason,
     decode_cursor, list_limit, parse_body, registration_error,
 };
 use crate::auth::Role;
@@ -302,8 +302,8 @@ pub(super) async fn register_branch(
         }
     }
     let (confirm, cancel) = (get("confirm"), get("cancel"));
-    check_url("confirm", &confirm)?;
-    check_url("cancel", &cancel)?;
+    check_dtm_url("confirm", &confirm)?;
+    check_dtm_url("cancel", &cancel)?;
     let payload = get("data");
     check_payload(
         &format!("data (branch {branch_id:?})"),

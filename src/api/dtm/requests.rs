@@ -19,8 +19,8 @@ use crate::api::error::ApiError;
 use crate::api::identity::Identity;
 use crate::api::validate::{
     Capped, Given, Limits, MAX_ATTEMPTS, MAX_CUSTOM_DATA_LEN, Overrides, REQUEST_TIMEOUT,
-    RETRY_INTERVAL, Stated, TIMEOUT, check_branch_count, check_id, check_payload, check_text,
-    check_url, parse_body_capped, parse_orders,
+    RETRY_INTERVAL, Stated, TIMEOUT, check_branch_count, check_dtm_url, check_id, check_payload,
+    check_text, parse_body_capped, parse_orders,
 };
 use crate::core::{Kind, Millis, Protocol, SagaStep, TxOptions};
 
@@ -212,10 +212,10 @@ pub fn parse_trans(
             )
             .into());
         }
-        check_url(&format!("steps[{i}].action"), &action)?;
+        check_dtm_url(&format!("steps[{i}].action"), &action)?;
         let compensate = step.compensate.unwrap_or_default();
         if kind == Kind::Saga {
-            check_url(&format!("steps[{i}].compensate"), &compensate)?;
+            check_dtm_url(&format!("steps[{i}].compensate"), &compensate)?;
         }
         // `payloads[i]` is the body; DTM's legacy `steps[i].data` is accepted too.
         let (payload, name) = match payloads.next().flatten() {
@@ -228,7 +228,7 @@ pub fn parse_trans(
     if let Some(url) = &req.query_prepared
         && !url.is_empty()
     {
-        check_url("query_prepared", url)?;
+        check_dtm_url("query_prepared", url)?;
     }
 
     // DTM has no field for max_retry_interval_ms or max_in_progress_ms: the server's
