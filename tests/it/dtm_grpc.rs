@@ -549,3 +549,105 @@ async fn branches_are_called_over_grpc_on_postgres() {
 async fn branches_are_called_over_grpc_on_mariadb() {
     grpc_branches(Backend::Mysql, "grpc_branches_mysql").await;
 }
+
+/// The tonic example participant (`idem_demo::grpc_busi`, the barrier over gRPC) driven
+/// by idem through the gRPC door: a transfer saga moves money once; a saga whose first
+/// action is refused (not enough money) ends failed with its compensation an empty
+/// rollback; a saga whose second action is refused (unknown account) gives the money back.
+async fn tonic_example(backend: Backend, test: &str) {
+    use idem_demo::grpc_busi::{self, proto::BusiReq};
+    use prost::Message;
+
+    let db = TestDatabase::create(backend, test).await;
+    let busi_db = TestDatabase::create(backend, &format!("{test}_busi")).await;
+    let pool = grpc_busi::open(&busi_db.url).await.unwrap();
+    grpc_busi::seed(&pool, "alice", 100).await.unwrap();
+    grpc_busi::seed(&pool, "bob", 0).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let busi = listener.local_addr().unwrap();
+    let serving = tokio::spawn(grpc_busi::serve(listener, pool.clone()));
+
+    let s = Setup::with(db, |c| c.grpc_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let token = s.token("grpc", Role::Client).await;
+    let mut client = DtmClient::connect(format!("http://{}", s.server.grpc_addr.unwrap()))
+        .await
+        .unwrap();
+    let target = |method: &str| format!("{busi}/busi.Busi/{method}");
+    let transfer = |gid: &str, from: (&str, i64), to: (&str, i64)| {
+        let req = |(account, amount): (&str, i64)| {
+            BusiReq {
+                account: account.into(),
+                amount,
+            }
+            .encode_to_vec()
+        };
+        DtmRequest {
+            gid: gid.into(),
+            trans_type: "saga".into(),
+            steps: serde_json::json!([
+                {"action": target("TransOut"), "compensate": target("TransOutRevert")},
+                {"action": target("TransIn"), "compensate": target("TransInRevert")},
+            ])
+            .to_string(),
+            bin_payloads: vec![req(from), req(to)],
+            trans_options: Some(idem_dtm_proto::DtmTransOptions {
+                wait_result: true,
+                ..Default::default()
+            }),
+            ..DtmRequest::default()
+        }
+    };
+    let balances = || async {
+        (
+            grpc_busi::balance(&pool, "alice").await.unwrap(),
+            grpc_busi::balance(&pool, "bob").await.unwrap(),
+        )
+    };
+
+    client
+        .submit(authed(transfer("t-ok", ("alice", 30), ("bob", 30)), &token))
+        .await
+        .unwrap();
+    assert_eq!(balances().await, (70, 30));
+
+    let refused = client
+        .submit(authed(
+            transfer("t-poor", ("alice", 100), ("bob", 100)),
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Aborted, "{refused:?}");
+    assert_eq!(balances().await, (70, 30), "nothing moved");
+
+    let unknown = client
+        .submit(authed(
+            transfer("t-nobody", ("alice", 20), ("nobody", 20)),
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::Aborted, "{unknown:?}");
+    wait_status(&s, &token, "t-nobody", "failed").await;
+    assert_eq!(balances().await, (70, 30), "alice got her 20 back");
+
+    serving.abort();
+    s.finish().await;
+    pool.close().await;
+    busi_db.drop_database().await;
+}
+
+#[tokio::test]
+async fn the_tonic_example_participant_is_driven_over_grpc_on_sqlite() {
+    tonic_example(Backend::Sqlite, "grpc_tonic_sqlite").await;
+}
+
+#[tokio::test]
+async fn the_tonic_example_participant_is_driven_over_grpc_on_postgres() {
+    tonic_example(Backend::Postgres, "grpc_tonic_pg").await;
+}
+
+#[tokio::test]
+async fn the_tonic_example_participant_is_driven_over_grpc_on_mariadb() {
+    tonic_example(Backend::Mysql, "grpc_tonic_mysql").await;
+}

@@ -31,6 +31,7 @@
 
 pub mod coupon;
 pub mod events;
+pub mod grpc_busi;
 pub mod inventory;
 pub mod order;
 pub mod payment;

@@ -65,7 +65,7 @@
 //! | 1 | `tenant` | the tenant a call belongs to |
 //! | 2 | `kit` | the ground floor: the branch call's key ([`BranchCall`]), the one local transaction guard ([`LocalTx`]) with its conflict retries and where its connections come from, the clock and owner tokens of claims, DDL, bounded deletes |
 //! | 3 | `barrier`, `idempotency`, `callback`, `consumer`, `jobs` | the tools, each with its own table and protocol, built on `kit` and never on each other |
-//! | 4 | `retention`, `http`, `metrics`, `testing` | the edges: the barrier rows' scheduled purge, axum, the metrics' names and HELP text, test databases; nothing in the crate imports them |
+//! | 4 | `retention`, `http`, `grpc`, `metrics`, `testing` | the edges: the barrier rows' scheduled purge, axum, tonic, the metrics' names and HELP text, test databases; nothing in the crate imports them |
 
 #![warn(missing_docs)]
 
@@ -74,6 +74,8 @@ pub mod barrier;
 pub mod callback;
 pub mod consumer;
 pub mod error;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 #[cfg(feature = "axum")]
 pub mod http;
 pub mod idempotency;
