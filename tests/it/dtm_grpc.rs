@@ -38,6 +38,7 @@ async fn grpc_door(backend: Backend, test: &str) {
     let p = &s.recorder;
     p.answer("/saga/inFail", None, usize::MAX, 409);
     p.answer("/tcc/tryFail", None, usize::MAX, 409);
+    let gp = GrpcParticipant::start(&python).await;
 
     let run = "g";
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/dtm_grpc/client.py");
@@ -45,6 +46,7 @@ async fn grpc_door(backend: Backend, test: &str) {
         .arg(script)
         .env("IDEM_GRPC", grpc.to_string())
         .env("PARTICIPANT", p.url(""))
+        .env("GRPC_PARTICIPANT", format!("127.0.0.1:{}", gp.port))
         .env("RUN", run)
         .env("IDEM_TOKEN", &token)
         .output()
@@ -140,6 +142,55 @@ async fn grpc_door(backend: Backend, test: &str) {
     let msg2_calls = calls_of(p, &msg2);
     assert_eq!(paths(&msg2_calls), ["/msg/in"], "{msg2_calls:#?}");
     assert_eq!(msg2_calls[0].body, r#"{"amount":8}"#);
+
+    // The gRPC participant's side: each method once, with DTM's metadata and the
+    // payload's bytes (the failing saga's second step is compensated too, as DTM does; its
+    // repeat submit called nothing again).
+    wait_status(&s, &token, &format!("{run}-gsaga"), "failed").await;
+    wait_status(&s, &token, &format!("{run}-gtcc"), "failed").await;
+    wait_status(&s, &token, &format!("{run}-gmsg"), "succeeded").await;
+    let grpc_seen = gp.calls().await;
+    let proto = "0a05616c696365101e";
+    let m = |name: &str, op: &str, id: &str, body: &str| {
+        (
+            name.to_owned(),
+            op.to_owned(),
+            id.to_owned(),
+            body.to_owned(),
+        )
+    };
+    let gsaga = grpc_calls(&grpc_seen, &format!("{run}-gsaga"));
+    assert_eq!(
+        gsaga[..2],
+        [
+            m("TransOut", "action", "01", proto),
+            m("TransInFail", "action", "02", proto)
+        ],
+        "{gsaga:?}"
+    );
+    let mut compensations = gsaga[2..].to_vec();
+    compensations.sort();
+    assert_eq!(
+        compensations,
+        [
+            m("TransInRevert", "compensate", "02", proto),
+            m("TransOutRevert", "compensate", "01", proto)
+        ]
+    );
+    assert_eq!(
+        grpc_calls(&grpc_seen, &format!("{run}-gtcc")),
+        [
+            m("TransOutTryFail", "try", "01", proto),
+            m("TransOutCancel", "cancel", "01", proto)
+        ]
+    );
+    assert_eq!(
+        grpc_calls(&grpc_seen, &format!("{run}-gmsg")),
+        [
+            m("QueryPrepared", "msg", "00", ""),
+            m("TransIn", "action", "01", proto)
+        ]
+    );
 
     // Nothing was stored for the refused requests.
     for gid in [

@@ -149,6 +149,43 @@ msg2 = pb.DtmRequest(Gid=f"{RUN}-msg-submitted", TransType="msg",
 call("msg2_prepare", dtm.Prepare, msg2, grpc.StatusCode.OK)
 call("msg2_submit", dtm.Submit, msg2, grpc.StatusCode.OK)
 
+# The same over gRPC participants (a grpcio server, GP = host:port): branch URLs without a
+# scheme are called over gRPC with the payload's bytes and DTM's metadata.
+GP = os.environ["GRPC_PARTICIPANT"]
+BUSI = f"{GP}/busi.Busi"
+PROTO = b"\x0a\x05alice\x10\x1e"  # a protobuf BusiReq{Account: "alice", Amount: 30}
+gsaga = pb.DtmRequest(Gid=f"{RUN}-gsaga", TransType="saga",
+                      Steps=json.dumps([{"action": f"{BUSI}/TransOut", "compensate": f"{BUSI}/TransOutRevert"},
+                                        {"action": f"{BUSI}/TransInFail", "compensate": f"{BUSI}/TransInRevert"}]),
+                      BinPayloads=[PROTO, PROTO], TransOptions=options(WaitResult=True))
+call("gsaga", dtm.Submit, gsaga, grpc.StatusCode.ABORTED)
+call("gsaga_again", dtm.Submit, gsaga, grpc.StatusCode.ABORTED)
+
+# A TCC whose Try, called over gRPC by the client itself as DTM's clients do, fails:
+# Abort, and the registered gRPC Cancel is called.
+gtcc = f"{RUN}-gtcc"
+call("gtcc_prepare", dtm.Prepare, pb.DtmRequest(Gid=gtcc, TransType="tcc"), grpc.StatusCode.OK)
+call("gtcc_register", dtm.RegisterBranch,
+     pb.DtmBranchRequest(Gid=gtcc, TransType="tcc", BranchID="01", Op="try",
+                         Data={"confirm": f"{BUSI}/TransOutConfirm", "cancel": f"{BUSI}/TransOutCancel"},
+                         BusiPayload=PROTO), grpc.StatusCode.OK)
+participant = grpc.insecure_channel(GP)
+try:
+    participant.unary_unary("/busi.Busi/TransOutTryFail")(
+        PROTO, timeout=10, metadata=[("dtm-gid", gtcc), ("dtm-trans_type", "tcc"),
+                                     ("dtm-branch_id", "01"), ("dtm-op", "try")])
+    sys.exit("the failing Try answered OK")
+except grpc.RpcError as e:
+    assert e.code() == grpc.StatusCode.ABORTED, e
+call("gtcc_abort", dtm.Abort, pb.DtmRequest(Gid=gtcc, TransType="tcc"), grpc.StatusCode.OK)
+
+# A msg whose QueryPrepared and step are gRPC methods.
+call("gmsg_prepare", dtm.Prepare,
+     pb.DtmRequest(Gid=f"{RUN}-gmsg", TransType="msg", QueryPrepared=f"{BUSI}/QueryPrepared",
+                   Steps=json.dumps([{"action": f"{BUSI}/TransIn"}]), BinPayloads=[PROTO],
+                   TransOptions=options(TimeoutToFail=1)),
+     grpc.StatusCode.OK)
+
 # Bad input: INVALID_ARGUMENT with idem's code, never INTERNAL; nothing is stored.
 bad = {
     "bad_no_gid": pb.DtmRequest(TransType="saga", Steps=json.dumps([{"action": f"{P}/x"}])),
