@@ -494,6 +494,14 @@ mod tests {
         let e = start(exposed).await.err().expect("refused");
         assert!(matches!(e, StartError::Exposed { .. }), "{e}");
         assert_eq!(e.code(), "exposed_without_tokens");
+        // The gRPC listener is judged the same way.
+        let mut grpc = ServerConfig::new("sqlite::memory:", "127.0.0.1:0".parse().unwrap());
+        grpc.grpc_listen = Some("0.0.0.0:0".parse().unwrap());
+        let e = start(grpc).await.err().expect("refused");
+        assert!(
+            matches!(e, StartError::Exposed { listen } if listen.ip().is_unspecified()),
+            "{e}"
+        );
 
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let listen = taken.local_addr().unwrap();
