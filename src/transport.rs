@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::core::{Action, CallOutcome, Kind, Protocol};
+use crate::core::{Action, CallOutcome, Kind, Payload, Protocol};
 use crate::tls::OutboundTls;
 // Where callers outside idem (the lab, tests, examples) have always found it.
 pub use crate::tls::install_crypto_provider;
@@ -57,7 +57,7 @@ pub struct CallRequest {
     pub branch_id: String,
     pub action: Action,
     pub url: String,
-    pub payload: String,
+    pub payload: Payload,
     pub timeout: Duration,
     pub headers: BTreeMap<String, String>,
     pub protocol: Protocol,
@@ -246,22 +246,28 @@ impl Transport for HttpTransport {
         // DTM asks its msg back-check with GET and no body; everything else is a POST.
         let get = request.action == Action::QueryPrepared;
         let (method, body) = if get {
-            ("GET", "")
+            ("GET", &[][..])
         } else {
-            ("POST", request.payload.as_str())
+            ("POST", request.payload.as_bytes())
         };
         let call_id = idem_signing::new_call_id();
-        let signature = self.signer.as_ref().and_then(|signer| {
-            signer.sign_request(method, &url, body.as_bytes(), &request.tenant, &call_id)
-        });
+        let signature = self
+            .signer
+            .as_ref()
+            .and_then(|signer| signer.sign_request(method, &url, body, &request.tenant, &call_id));
         // reqwest moves a URL's userinfo into an `Authorization: Basic` header.
         let builder = if get {
             client.get(url)
         } else {
+            // A payload that is not text came from a gRPC client (protobuf bytes).
+            let content_type = match request.payload.as_text() {
+                Some(_) => "application/json",
+                None => "application/octet-stream",
+            };
             client
                 .post(url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(request.payload.clone())
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(bytes::Bytes::from_owner(request.payload.clone()))
         };
         let mut builder = builder.timeout(request.timeout);
         for (name, value) in &request.headers {
@@ -378,7 +384,7 @@ mod tests {
             branch_id: "01".into(),
             action: Action::Confirm,
             url: "http://h:1/p?x=1".into(),
-            payload: String::new(),
+            payload: Payload::default(),
             timeout: Duration::from_secs(1),
             headers: BTreeMap::new(),
             protocol: Protocol::Native,

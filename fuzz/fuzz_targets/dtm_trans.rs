@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let body = Ok(Bytes::copy_from_slice(data));
-    if let Err(e) = idem::api::dtm::parse_trans(body, &TxOptions::default(), &Limits::default()) {
+    if let Err(e) = idem::api::dtm::parse_trans(body, None, &TxOptions::default(), &Limits::default()) {
         let e = e.api_error();
         assert!(e.status.is_client_error(), "{} {}", e.status, e.code);
         assert!(!e.code.is_empty());

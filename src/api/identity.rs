@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::api::validate::Stated;
 use crate::canonical::CanonicalRequest;
-use crate::core::{Branch, Kind, SagaStep, TxOptions};
+use crate::core::{Branch, Kind, Payload, SagaStep, TxOptions};
 
 /// A create request's identity, as the engine takes it.
 ///
@@ -101,19 +101,19 @@ impl CanonicalRequest for Identity {
 fn form<'a>(
     gid: &str,
     kind: Kind,
-    steps: impl Iterator<Item = (&'a str, &'a str, &'a str)>,
-    branches: impl Iterator<Item = (&'a str, &'a str, &'a str, &'a str)>,
+    steps: impl Iterator<Item = (&'a str, &'a str, &'a Payload)>,
+    branches: impl Iterator<Item = (&'a str, &'a str, &'a str, &'a Payload)>,
     query_prepared: Option<&str>,
 ) -> (Vec<u8>, Vec<u8>) {
     let string = |s: &str, out: &mut Vec<u8>| write_canonical_json(&Value::from(s), out);
     let mut head = b"{\"branches\":[".to_vec();
-    for (i, (id, op, url, text)) in branches.enumerate() {
+    for (i, (id, op, url, body)) in branches.enumerate() {
         head.extend_from_slice(if i == 0 { b"[" } else { b",[" });
         for field in [id, op, url] {
             string(field, &mut head);
             head.push(b',');
         }
-        payload(text, &mut head);
+        payload(body, &mut head);
         head.push(b']');
     }
     head.extend_from_slice(b"],\"gid\":");
@@ -129,13 +129,13 @@ fn form<'a>(
         None => tail.extend_from_slice(b"null"),
     }
     tail.extend_from_slice(b",\"steps\":[");
-    for (i, (action, compensate, text)) in steps.enumerate() {
+    for (i, (action, compensate, body)) in steps.enumerate() {
         tail.extend_from_slice(if i == 0 { b"[" } else { b",[" });
         for field in [action, compensate] {
             string(field, &mut tail);
             tail.push(b',');
         }
-        payload(text, &mut tail);
+        payload(body, &mut tail);
         tail.push(b']');
     }
     tail.extend_from_slice(b"]}");
@@ -144,10 +144,19 @@ fn form<'a>(
 
 /// A payload as JSON when it is JSON, so that the hash's canonical form orders its keys and
 /// compares its numbers by value (`{"n":1}` and `{ "n": 1.0 }` are one request); other text
-/// as a string of itself.
-fn payload(text: &str, out: &mut Vec<u8>) {
-    if write_canonical_text(text, out).is_err() {
-        write_canonical_json(&Value::from(text), out);
+/// as a string of itself. Bytes that are not text (a gRPC client's protobuf) as `bytes:`
+/// and their hex: not JSON, so no text payload has that form.
+fn payload(payload: &Payload, out: &mut Vec<u8>) {
+    match payload.as_text() {
+        Some(text) => {
+            if write_canonical_text(text, out).is_err() {
+                write_canonical_json(&Value::from(text), out);
+            }
+        }
+        None => {
+            out.extend_from_slice(b"bytes:");
+            out.extend_from_slice(hex::encode(payload.as_bytes()).as_bytes());
+        }
     }
 }
 
@@ -155,7 +164,7 @@ fn payload(text: &str, out: &mut Vec<u8>) {
 pub fn saga(gid: &str, steps: &[SagaStep], options: &TxOptions, stated: Stated) -> Arc<Identity> {
     let steps = steps
         .iter()
-        .map(|s| (&*s.action, &*s.compensate, &*s.payload));
+        .map(|s| (&*s.action, &*s.compensate, &s.payload));
     let text = form(gid, Kind::Saga, steps, std::iter::empty(), None);
     Arc::new(Identity::new(Kind::Saga, text, options, stated))
 }
@@ -165,7 +174,7 @@ pub fn saga(gid: &str, steps: &[SagaStep], options: &TxOptions, stated: Stated) 
 pub fn prepared(
     gid: &str,
     kind: Kind,
-    msg_steps: &[(String, String)],
+    msg_steps: &[(String, Payload)],
     branches: &[Branch],
     query_prepared: Option<&str>,
     options: &TxOptions,
@@ -173,10 +182,10 @@ pub fn prepared(
 ) -> Arc<Identity> {
     let steps = msg_steps
         .iter()
-        .map(|(action, text)| (action.as_str(), "", text.as_str()));
+        .map(|(action, payload)| (action.as_str(), "", payload));
     let branches = branches
         .iter()
-        .map(|b| (&*b.branch_id, b.action.op(), &*b.url, &*b.payload));
+        .map(|b| (&*b.branch_id, b.action.op(), &*b.url, &b.payload));
     let text = form(gid, kind, steps, branches, query_prepared);
     Arc::new(Identity::new(kind, text, options, stated))
 }

@@ -206,17 +206,20 @@ impl Default for Limits {
 /// stored, which JSON re-encoding can make longer than what was sent) and no NUL. `field`
 /// names the step or branch, so a client with many knows which one.
 pub fn check_payload(field: &str, payload: &str, limits: &Limits) -> Result<(), ApiError> {
+    check_payload_size(field, payload.len(), limits)?;
+    check_text(field, payload, MAX_PAYLOAD_LEN)
+}
+
+/// A payload given as bytes (over gRPC): at most `limits.max_payload_bytes`, any bytes.
+pub fn check_payload_size(field: &str, len: usize, limits: &Limits) -> Result<(), ApiError> {
     let max = limits.max_payload_bytes;
-    if payload.len() > max {
+    if len > max {
         return Err(ApiError::bad_request(
             "payload_too_large",
-            format!(
-                "{field} is {} bytes; the limit is {max} bytes per branch payload",
-                payload.len()
-            ),
+            format!("{field} is {len} bytes; the limit is {max} bytes per branch payload"),
         ));
     }
-    check_text(field, payload, MAX_PAYLOAD_LEN)
+    Ok(())
 }
 
 pub fn check_reason(field: &str, reason: Option<&str>) -> Result<(), ApiError> {

@@ -463,7 +463,7 @@ impl Engine {
             branch_id: branch.branch_id.to_string(),
             action: branch.action,
             url: branch.url.to_string(),
-            payload: branch.payload.to_string(),
+            payload: branch.payload.clone(),
             timeout: Duration::from_millis(tx.options.request_timeout_ms.max(1)),
             headers: self.call_headers(tx),
             protocol: tx.options.protocol,

@@ -48,8 +48,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::canonical::CanonicalRequest;
 use crate::core::{
-    self, Access, Action, Branch, BranchKey, CoreError, Ctx, Event, Kind, Millis, Next, SagaStep,
-    Status, TraceContext, Transaction, Transition, TxOptions,
+    self, Access, Action, Branch, BranchKey, CoreError, Ctx, Event, Kind, Millis, Next, Payload,
+    SagaStep, Status, TraceContext, Transaction, Transition, TxOptions,
 };
 use crate::store::{Claimed, Created, Guard, Lease, Registered, Save, Saved, Store, StoreError};
 use crate::transport::{CallRequest, Transport};
@@ -155,8 +155,10 @@ pub const DEFAULT_MAX_HISTORY_PER_TRANSACTION: u32 = 100;
 /// Why a client or operator request failed. Each maps to one API error code.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The client's gid (never the tenant-scoped key: see `crate::tenant`).
     #[error("no transaction with gid {0:?}")]
     NotFound(String),
+    /// The client's gid.
     #[error("gid {0:?} is already used by a different request")]
     GidConflict(String),
     #[error("branch {0} is already registered with a different URL or payload")]
@@ -192,7 +194,7 @@ pub struct NewPrepared {
     pub kind: Kind,
     pub options: TxOptions,
     /// Msg: the actions, in order.
-    pub msg_steps: Vec<(String, String)>,
+    pub msg_steps: Vec<(String, Payload)>,
     /// Msg: where to ask whether the application's local transaction committed.
     pub query_prepared: Option<String>,
     /// TCC: branches registered with the transaction, in the same database write.

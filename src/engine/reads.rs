@@ -13,6 +13,7 @@ use super::views::{AttemptPageView, HISTORY_IN_VIEW, PageView, TxView, page_view
 use super::{Engine, EngineError};
 use crate::core::{Millis, Status};
 use crate::store::{Store, StoreError};
+use crate::tenant::client_gid;
 
 pub use crate::store::{
     AttemptRecord, CoordinatorSeen, ListFilter, Overview, Page, StatusSummary, StoredTx,
@@ -46,7 +47,7 @@ impl Reads {
     pub async fn load(&self, key: &str) -> Result<StoredTx, EngineError> {
         self.find(key)
             .await?
-            .ok_or_else(|| EngineError::NotFound(key.to_owned()))
+            .ok_or_else(|| EngineError::NotFound(client_gid(key).to_owned()))
     }
 
     /// The transaction as the native door shows it, with the newest [`HISTORY_IN_VIEW`]
@@ -78,7 +79,7 @@ impl Reads {
             .then(|| records.last().map(|r| r.number.to_string()))
             .flatten();
         Ok(AttemptPageView {
-            gid: crate::tenant::client_gid(key).to_owned(),
+            gid: client_gid(key).to_owned(),
             attempts: super::views::shown_records(records),
             total: tx.history,
             dropped: tx.history_dropped,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::save::{self, Change, OnError};
 use super::*;
+use crate::tenant::client_gid;
 
 impl Engine {
     // ---- client requests -------------------------------------------------------------
@@ -100,7 +101,9 @@ impl Engine {
             }
             Created::Exists(existing) => {
                 self.observer.create(kind, Creation::Conflict);
-                Err(EngineError::GidConflict(existing.tx.gid))
+                Err(EngineError::GidConflict(
+                    client_gid(&existing.tx.gid).to_owned(),
+                ))
             }
         }
     }
@@ -121,7 +124,7 @@ impl Engine {
             .await?
         {
             Registered::Stored => Ok(()),
-            Registered::NotFound => Err(EngineError::NotFound(gid.to_owned())),
+            Registered::NotFound => Err(EngineError::NotFound(client_gid(gid).to_owned())),
             Registered::NotPrepared(status) => Err(EngineError::NotPrepared(status)),
             Registered::Conflict(key) => Err(EngineError::BranchConflict(key)),
         }
@@ -238,7 +241,7 @@ impl Engine {
                 None => (self.reads.load(gid).await?, false),
             };
             if !stored.tx.admits(access) {
-                return Err(EngineError::NotFound(gid.to_owned()));
+                return Err(EngineError::NotFound(client_gid(gid).to_owned()));
             }
             let applied = core::apply(&stored.tx, event, self.ctx());
             // Only the database may say "refused" or "nothing to do": another node may have

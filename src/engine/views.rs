@@ -3,9 +3,12 @@
 //! `idem-types`' (Serialize and Deserialize in one place), so `idem-client` parses what
 //! this writes.
 
-pub use idem_types::{AttemptPageView, BranchView, PageView, TxView};
+pub use idem_types::{AttemptPageView, BranchView, PageView, PayloadEncoding, TxView};
 
-use crate::core::Transaction;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use crate::core::{Payload, Transaction};
 use crate::outbound::redact::{redact_header_values, redact_userinfo, redacted};
 use crate::store::{AttemptRecord, Page, StoredTx};
 use crate::tenant::{client_gid, split_key};
@@ -20,6 +23,19 @@ pub fn page_view(page: &Page) -> PageView {
             .as_ref()
             .map(|(at, key)| format!("{at}:{}", client_gid(key))),
     }
+}
+
+/// A payload as views show it: its text, or the base64 of bytes that are not text.
+pub fn shown_payload(payload: &Payload) -> (String, Option<PayloadEncoding>) {
+    match payload.as_text() {
+        Some(text) => (text.to_owned(), None),
+        None => (base64(payload.as_bytes()), Some(PayloadEncoding::Base64)),
+    }
+}
+
+/// Standard base64 with padding (what Go's `[]byte` marshals to, in DTM's views).
+pub fn base64(bytes: &[u8]) -> String {
+    BASE64.encode(bytes)
 }
 
 /// The most records of its history a transaction's view shows: the newest, as many as a
@@ -56,18 +72,22 @@ pub fn tx_view(stored: &StoredTx, history: Option<Vec<AttemptRecord>>) -> TxView
         branches: tx
             .branches
             .iter()
-            .map(|b| BranchView {
-                branch_id: b.branch_id.to_string(),
-                action: b.action,
-                url: redact_userinfo(&b.url).into_owned(),
-                payload: b.payload.to_string(),
-                status: b.status,
-                attempts: b.attempts,
-                next_attempt_at: b.next_attempt_at,
-                last_error: redacted(&b.last_error),
-                in_progress_since: b.in_progress_since,
-                updated_at: b.updated_at,
-                finished_at: b.finished_at,
+            .map(|b| {
+                let (payload, payload_encoding) = shown_payload(&b.payload);
+                BranchView {
+                    branch_id: b.branch_id.to_string(),
+                    action: b.action,
+                    url: redact_userinfo(&b.url).into_owned(),
+                    payload,
+                    payload_encoding,
+                    status: b.status,
+                    attempts: b.attempts,
+                    next_attempt_at: b.next_attempt_at,
+                    last_error: redacted(&b.last_error),
+                    in_progress_since: b.in_progress_since,
+                    updated_at: b.updated_at,
+                    finished_at: b.finished_at,
+                }
             })
             .collect(),
         trace_id: tx

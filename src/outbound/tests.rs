@@ -491,7 +491,7 @@ fn call(tenant: &str, url: &str) -> CallRequest {
         branch_id: "01".into(),
         action: Action::Action,
         url: url.into(),
-        payload: String::new(),
+        payload: Default::default(),
         timeout: Duration::from_secs(5),
         headers: BTreeMap::new(),
         protocol: Protocol::Native,

@@ -60,6 +60,16 @@ async fn grpc_door(backend: Backend, test: &str) {
     );
     let results: Value = serde_json::from_str(stdout.trim_end_matches("all checks passed\n"))
         .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    // The message names the client's gid, never the tenant-scoped key it is stored under.
+    let changed = results["gsaga_changed"]["message"].as_str().unwrap();
+    assert!(
+        changed.contains(&format!(
+            "gid \"{run}-gsaga\" is already used by a different request"
+        )),
+        "{changed}"
+    );
+    let too_large = results["bad_payload_size"]["message"].as_str().unwrap();
+    assert!(too_large.starts_with("payload_too_large: "), "{too_large}");
     for (name, result) in results.as_object().unwrap() {
         if name.starts_with("bad_") {
             let message = result["message"].as_str().unwrap();
@@ -150,7 +160,8 @@ async fn grpc_door(backend: Backend, test: &str) {
     wait_status(&s, &token, &format!("{run}-gtcc"), "failed").await;
     wait_status(&s, &token, &format!("{run}-gmsg"), "succeeded").await;
     let grpc_seen = gp.calls().await;
-    let proto = "0a05616c696365101e";
+    // BusiReq{Account: "alice", Amount: 300}: not UTF-8, sent as the bytes it is.
+    let proto = "0a05616c69636510ac02";
     let m = |name: &str, op: &str, id: &str, body: &str| {
         (
             name.to_owned(),
@@ -160,6 +171,37 @@ async fn grpc_door(backend: Backend, test: &str) {
         )
     };
     let gsaga = grpc_calls(&grpc_seen, &format!("{run}-gsaga"));
+    // Views show bytes that are not text as base64, and say so; DTM's query as DTM does.
+    let (_, view) = get(
+        &s,
+        &format!("/api/v1/transactions/{run}-gsaga"),
+        Some(&token),
+    )
+    .await;
+    let proto_base64 = "CgVhbGljZRCsAg==";
+    for branch in view["branches"].as_array().unwrap() {
+        assert_eq!(branch["payload"], proto_base64, "{branch}");
+        assert_eq!(branch["payload_encoding"], "base64", "{branch}");
+    }
+    let (_, dtm) = get(
+        &s,
+        &format!("/api/dtmsvr/query?gid={run}-gsaga"),
+        Some(&token),
+    )
+    .await;
+    assert_eq!(dtm["transaction"]["payloads"][0], proto_base64, "{dtm}");
+    assert_eq!(dtm["branches"][0]["bin_data"], proto_base64, "{dtm}");
+    // Text payloads are shown as they were.
+    let (_, view) = get(
+        &s,
+        &format!("/api/v1/transactions/{run}-saga"),
+        Some(&token),
+    )
+    .await;
+    assert!(
+        view["branches"][0].get("payload_encoding").is_none(),
+        "{view}"
+    );
     assert_eq!(
         gsaga[..2],
         [
@@ -193,13 +235,7 @@ async fn grpc_door(backend: Backend, test: &str) {
     );
 
     // Nothing was stored for the refused requests.
-    for gid in [
-        "bad-kind",
-        "bad-json",
-        "bad-timeout",
-        "bad-url",
-        "bad-binary",
-    ] {
+    for gid in ["bad-kind", "bad-json", "bad-timeout", "bad-url", "bad-size"] {
         let path = format!("/api/v1/transactions/{run}-{gid}");
         let (status, body) = get(&s, &path, Some(&token)).await;
         assert_eq!(status, 404, "{gid}: {body}");

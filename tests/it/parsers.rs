@@ -102,7 +102,7 @@ proptest! {
     #[test]
     fn the_dtm_trans_global_parse_passes_or_answers_a_4xx(value in body()) {
         let bytes = Bytes::from(value.to_string());
-        if let Err(e) = idem::api::dtm::parse_trans(Ok(bytes), &TxOptions::default(), &LIMITS) {
+        if let Err(e) = idem::api::dtm::parse_trans(Ok(bytes), None, &TxOptions::default(), &LIMITS) {
             let e = e.api_error();
             prop_assert!(e.status.is_client_error(), "{} {} for {}", e.status, e.code, value);
         }
@@ -134,6 +134,7 @@ fn both_parsers_accept_a_valid_saga() {
         {"action": "http://127.0.0.1:9/a", "compensate": "http://127.0.0.1:9/b"}]});
     let parsed = idem::api::dtm::parse_trans(
         Ok(Bytes::from(dtm.to_string())),
+        None,
         &TxOptions::default(),
         &LIMITS,
     );

@@ -22,7 +22,7 @@ fn saga(gid: &str, base: &str, at: Millis) -> Transaction {
         .map(|i| SagaStep {
             action: format!("{base}/a{i}"),
             compensate: format!("{base}/c{i}"),
-            payload: format!("{{\"i\":{i}}}"),
+            payload: format!("{{\"i\":{i}}}").into(),
         })
         .collect();
     Transaction::saga(gid, steps, TxOptions::default(), at)

@@ -8,6 +8,7 @@ mod answers;
 mod effects;
 mod machine;
 mod model;
+mod payload;
 mod plan;
 mod register;
 mod settle;
@@ -16,6 +17,7 @@ pub use answers::*;
 pub use effects::*;
 pub use machine::*;
 pub use model::*;
+pub use payload::Payload;
 pub use plan::*;
 pub use register::*;
 

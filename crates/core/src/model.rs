@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::Payload;
+
 // The alphabet of the state machine and the per-transaction options are shared with
 // clients of the API (views they can parse), so they are defined in `idem-types`.
 pub use idem_types::{
@@ -25,8 +27,8 @@ pub struct Branch {
     /// Saga/msg: the step index. TCC: registration order.
     pub seq: i32,
     pub url: Arc<str>,
-    /// The raw body POSTed to the participant.
-    pub payload: Arc<str>,
+    /// What the participant receives: the body POSTed, or the gRPC request message.
+    pub payload: Payload,
     pub status: BranchStatus,
     pub attempts: i32,
     /// Earliest time of the next call; `None` means as soon as it is due.
@@ -46,7 +48,7 @@ impl Branch {
         action: Action,
         seq: i32,
         url: impl Into<Arc<str>>,
-        payload: impl Into<Arc<str>>,
+        payload: impl Into<Payload>,
         now: Millis,
     ) -> Branch {
         Branch {
@@ -209,14 +211,14 @@ impl Transaction {
         for (index, step) in steps.into_iter().enumerate() {
             // A step's two operations share its id and payload.
             let branch_id: Arc<str> = step_branch_id(index).into();
-            let payload: Arc<str> = step.payload.into();
+            let payload = step.payload;
             let seq = index as i32;
             tx.branches.push(Branch::new(
                 Arc::clone(&branch_id),
                 Action::Compensate,
                 seq,
                 step.compensate,
-                Arc::clone(&payload),
+                payload.clone(),
                 now,
             ));
             tx.branches.push(Branch::new(
@@ -304,5 +306,5 @@ pub fn step_branch_id(index: usize) -> String {
 pub struct SagaStep {
     pub action: String,
     pub compensate: String,
-    pub payload: String,
+    pub payload: Payload,
 }

@@ -60,7 +60,7 @@ fn saga(n: usize) -> Transaction {
         .map(|i| SagaStep {
             action: format!("http://p/{i}/action"),
             compensate: format!("http://p/{i}/compensate"),
-            payload: format!("{{\"step\":{i}}}"),
+            payload: format!("{{\"step\":{i}}}").into(),
         })
         .collect();
     Transaction::saga("s1", steps, opts(), T0)
@@ -72,7 +72,7 @@ fn saga_with(options: TxOptions, n: usize) -> Transaction {
         .map(|i| SagaStep {
             action: format!("http://p/{i}/a"),
             compensate: format!("http://p/{i}/c"),
-            payload: String::new(),
+            payload: Payload::default(),
         })
         .collect();
     Transaction::saga("s", steps, options, T0)

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 mod views;
 
 pub use views::{
-    AttemptPageView, AttemptRecord, BranchView, ErrorBody, ErrorView, PageView, TxView,
+    AttemptPageView, AttemptRecord, BranchView, ErrorBody, ErrorView, PageView, PayloadEncoding,
+    TxView,
 };
 
 /// The tenant of requests that carry no token, and of every transaction (and participant

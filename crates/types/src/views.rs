@@ -78,8 +78,12 @@ pub struct BranchView {
     pub action: Action,
     /// Where it is sent.
     pub url: String,
-    /// The body sent.
+    /// The body sent: the text itself, or the base64 of bytes that are not UTF-8 text (a
+    /// gRPC client's protobuf), as `payload_encoding` says.
     pub payload: String,
+    /// `base64` when `payload` is the base64 of bytes that are not text; absent for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_encoding: Option<PayloadEncoding>,
     /// Where it stands.
     pub status: BranchStatus,
     /// Calls made so far.
@@ -94,6 +98,15 @@ pub struct BranchView {
     pub updated_at: Millis,
     /// When it got its final answer.
     pub finished_at: Option<Millis>,
+}
+
+/// How a view spells a payload that is not text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadEncoding {
+    /// Standard base64, with padding.
+    Base64,
 }
 
 /// One call to a participant that did not simply succeed.

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
 use super::requests::{
-    AllParams, Field, GidOnly, QueryParams, Trans, msg_steps, parse, saga_steps,
+    AllParams, DtmBody, Field, GidOnly, QueryParams, Trans, msg_steps, parse, saga_steps,
 };
 use super::views::{branch_view, dtm_status, from_dtm_status, global_view};
 use super::{DtmError, DtmResponse, DtmResult, failure, ongoing, success};
@@ -20,11 +20,11 @@ use crate::api::AppState;
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::validate::{
-    DTM_DEFAULT_LIST_LIMIT, branch_urls, check_dtm_url, check_id, check_payload, check_reason,
-    decode_cursor, list_limit, parse_body, registration_error,
+    DTM_DEFAULT_LIST_LIMIT, branch_urls, check_dtm_url, check_id, check_payload,
+    check_payload_size, check_reason, decode_cursor, list_limit, parse_body, registration_error,
 };
 use crate::auth::Role;
-use crate::core::{Access, Action, Branch, Kind, Status};
+use crate::core::{Access, Action, Branch, Kind, Payload, Status};
 use crate::engine::{EngineError, NewPrepared, NewSaga};
 use crate::engine::{ListFilter, StoredTx};
 use crate::outbound::redact::redacted;
@@ -46,7 +46,7 @@ pub(super) async fn prepare(
     State(app): State<Arc<AppState>>,
     caller: Caller,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: DtmBody,
 ) -> DtmResult {
     let t = parse_for(&caller, body, &app)?;
     check_outbound(&app, caller.tenant(), &t)?;
@@ -122,7 +122,7 @@ pub(super) async fn submit(
     State(app): State<Arc<AppState>>,
     caller: Caller,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: DtmBody,
 ) -> DtmResult {
     let t = parse_for(&caller, body, &app)?;
     check_outbound(&app, caller.tenant(), &t)?;
@@ -161,7 +161,7 @@ pub(super) async fn submit(
 pub(super) async fn abort(
     State(app): State<Arc<AppState>>,
     caller: Caller,
-    body: Result<Bytes, BytesRejection>,
+    body: DtmBody,
 ) -> DtmResult {
     let t = parse_for(&caller, body, &app)?;
     check_reason("rollback_reason", t.reason.as_deref())?;
@@ -225,11 +225,7 @@ pub(super) async fn force_stop(
 }
 
 /// A DTM request body, its gid scoped to the caller's tenant.
-fn parse_for(
-    caller: &Caller,
-    body: Result<Bytes, BytesRejection>,
-    app: &AppState,
-) -> Result<Trans, DtmError> {
+fn parse_for(caller: &Caller, body: DtmBody, app: &AppState) -> Result<Trans, DtmError> {
     let mut t = parse(body, app)?;
     t.gid = caller.key(&t.gid);
     Ok(t)
@@ -261,9 +257,9 @@ pub(super) async fn register_xa() -> DtmError {
 pub(super) async fn register_branch(
     State(app): State<Arc<AppState>>,
     caller: Caller,
-    body: Result<Bytes, BytesRejection>,
+    body: DtmBody,
 ) -> DtmResult {
-    let fields: BTreeMap<String, Field> = parse_body(body, None)?;
+    let fields: BTreeMap<String, Field> = parse_body(body.json, None)?;
     // DTM binds this body into map[string]string: every value must be a string.
     let mut data = BTreeMap::new();
     for (key, value) in fields {
@@ -304,12 +300,19 @@ pub(super) async fn register_branch(
     let (confirm, cancel) = (get("confirm"), get("cancel"));
     check_dtm_url("confirm", &confirm)?;
     check_dtm_url("cancel", &cancel)?;
-    let payload = get("data");
-    check_payload(
-        &format!("data (branch {branch_id:?})"),
-        &payload,
-        &app.limits,
-    )?;
+    // Over gRPC the payload is `BusiPayload`, whose bytes need not be text.
+    let payload = match body.binary.and_then(|b| b.0.into_iter().next()) {
+        Some(bytes) => {
+            let name = format!("BusiPayload (branch {branch_id:?})");
+            check_payload_size(&name, bytes.len(), &app.limits)?;
+            bytes
+        }
+        None => {
+            let text = get("data");
+            check_payload(&format!("data (branch {branch_id:?})"), &text, &app.limits)?;
+            Payload::from(text)
+        }
+    };
     let now = app.engine.now();
     let branches = vec![
         Branch::new(
@@ -317,17 +320,10 @@ pub(super) async fn register_branch(
             Action::Confirm,
             0,
             confirm,
-            payload.as_str(),
+            payload.clone(),
             now,
         ),
-        Branch::new(
-            branch_id.as_str(),
-            Action::Cancel,
-            0,
-            cancel,
-            payload.as_str(),
-            now,
-        ),
+        Branch::new(branch_id.as_str(), Action::Cancel, 0, cancel, payload, now),
     ];
     app.check_outbound(caller.tenant(), branch_urls(&branches))?;
     match app

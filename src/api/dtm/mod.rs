@@ -31,7 +31,7 @@ use handlers::{
     abort, all, force_stop, new_gid, ping, prepare, query, register_branch, register_xa, submit,
     unsupported_topics, unsupported_workflow, version,
 };
-pub use requests::{Trans, parse_trans};
+pub use requests::{BinaryPayloads, Trans, parse_trans};
 pub use views::dtm_status;
 
 /// DTM's `/api/dtmsvr` routes, which the rate limit covers.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, Request};
 use idem_canonical::JsonText;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -20,9 +21,32 @@ use crate::api::identity::Identity;
 use crate::api::validate::{
     Capped, Given, Limits, MAX_ATTEMPTS, MAX_CUSTOM_DATA_LEN, Overrides, REQUEST_TIMEOUT,
     RETRY_INTERVAL, Stated, TIMEOUT, check_branch_count, check_dtm_url, check_id, check_payload,
-    check_text, parse_body_capped, parse_orders,
+    check_payload_size, check_text, parse_body_capped, parse_orders,
 };
-use crate::core::{Kind, Millis, Protocol, SagaStep, TxOptions};
+use crate::core::{Kind, Millis, Payload, Protocol, SagaStep, TxOptions};
+
+/// Payloads a gRPC request carried as bytes: DTM's `BinPayloads` (one per step) or a
+/// branch's `BusiPayload`. JSON has no bytes, so the gRPC door hands them to these routes
+/// beside the JSON body, as a request extension: set in-process only, never by a client.
+#[derive(Clone, Debug, Default)]
+pub struct BinaryPayloads(pub Vec<Payload>);
+
+/// A DTM request's body as the routes take it: the JSON, and the payloads a gRPC request
+/// carried as bytes.
+pub(super) struct DtmBody {
+    pub(super) json: Result<Bytes, BytesRejection>,
+    pub(super) binary: Option<BinaryPayloads>,
+}
+
+impl<S: Send + Sync> FromRequest<S> for DtmBody {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request(request: Request, state: &S) -> Result<DtmBody, Self::Rejection> {
+        let binary = request.extensions().get::<BinaryPayloads>().cloned();
+        let json = Bytes::from_request(request, state).await;
+        Ok(DtmBody { json, binary })
+    }
+}
 
 /// DTM's `TransGlobal` as clients send it. Every field may be absent or `null`; unknown
 /// keys (such as the obsolete `passthrough_headers`) are ignored. Of `steps` and
@@ -117,7 +141,7 @@ pub struct Trans {
     pub(super) gid: String,
     pub(super) kind: Kind,
     /// (action, compensate, payload) per step.
-    pub(super) steps: Vec<(String, String, String)>,
+    pub(super) steps: Vec<(String, String, Payload)>,
     pub(super) options: TxOptions,
     pub(super) query_prepared: Option<String>,
     pub(super) wait_result: bool,
@@ -126,7 +150,7 @@ pub struct Trans {
 }
 
 /// DTM's steps (action, compensate, payload) as a saga's.
-pub(super) fn saga_steps(steps: &[(String, String, String)]) -> Vec<SagaStep> {
+pub(super) fn saga_steps(steps: &[(String, String, Payload)]) -> Vec<SagaStep> {
     steps
         .iter()
         .map(|(action, compensate, payload)| SagaStep {
@@ -138,7 +162,7 @@ pub(super) fn saga_steps(steps: &[(String, String, String)]) -> Vec<SagaStep> {
 }
 
 /// DTM's steps as a msg's (action, payload): a msg step has no compensation.
-pub(super) fn msg_steps(steps: &[(String, String, String)]) -> Vec<(String, String)> {
+pub(super) fn msg_steps(steps: &[(String, String, Payload)]) -> Vec<(String, Payload)> {
     steps
         .iter()
         .map(|(action, _, payload)| (action.clone(), payload.clone()))
@@ -151,17 +175,21 @@ fn positive(v: &Option<Number>) -> Option<Number> {
     v.clone().filter(|n| n.as_i64().is_none_or(|v| v > 0))
 }
 
-pub(super) fn parse(
-    body: Result<Bytes, BytesRejection>,
-    app: &AppState,
-) -> Result<Trans, DtmError> {
-    parse_trans(body, &app.engine.config().defaults, &app.limits)
+pub(super) fn parse(body: DtmBody, app: &AppState) -> Result<Trans, DtmError> {
+    parse_trans(
+        body.json,
+        body.binary.as_ref(),
+        &app.engine.config().defaults,
+        &app.limits,
+    )
 }
 
-/// Parses and checks a `TransGlobal` body without touching the engine: every way it can be
+/// Parses and checks a `TransGlobal` body (and the payloads a gRPC request carried as
+/// bytes, which stand for `payloads`) without touching the engine: every way it can be
 /// wrong is a 4xx. Public so the fuzz targets reach it.
 pub fn parse_trans(
     body: Result<Bytes, BytesRejection>,
+    binary: Option<&BinaryPayloads>,
     defaults: &TxOptions,
     limits: &Limits,
 ) -> Result<Trans, DtmError> {
@@ -199,6 +227,7 @@ pub fn parse_trans(
     let raw_steps = req.steps.unwrap_or_default();
     check_branch_count("steps", raw_steps.len, limits.max_branches)?;
     let mut payloads = req.payloads.unwrap_or_default().kept.into_iter();
+    let mut binary = binary.map(|b| b.0.iter());
     let mut steps = Vec::with_capacity(raw_steps.len);
     for (i, step) in raw_steps.kept.into_iter().enumerate() {
         let action = step.action.unwrap_or_default();
@@ -217,12 +246,23 @@ pub fn parse_trans(
         if kind == Kind::Saga {
             check_dtm_url(&format!("steps[{i}].compensate"), &compensate)?;
         }
-        // `payloads[i]` is the body; DTM's legacy `steps[i].data` is accepted too.
-        let (payload, name) = match payloads.next().flatten() {
-            Some(p) => (p, format!("payloads[{i}] (step {i})")),
-            None => (step.data.unwrap_or_default(), format!("steps[{i}].data")),
+        // `payloads[i]` is the body; DTM's legacy `steps[i].data` is accepted too. Over
+        // gRPC, `BinPayloads[i]` is, and its bytes need not be text.
+        let payload = match binary.as_mut().and_then(Iterator::next) {
+            Some(bytes) => {
+                let name = format!("BinPayloads[{i}] (step {i})");
+                check_payload_size(&name, bytes.len(), limits)?;
+                bytes.clone()
+            }
+            None => {
+                let (text, name) = match payloads.next().flatten() {
+                    Some(p) => (p, format!("payloads[{i}] (step {i})")),
+                    None => (step.data.unwrap_or_default(), format!("steps[{i}].data")),
+                };
+                check_payload(&name, &text, limits)?;
+                Payload::from(text)
+            }
         };
-        check_payload(&name, &payload, limits)?;
         steps.push((action, compensate, payload));
     }
     if let Some(url) = &req.query_prepared
@@ -386,7 +426,7 @@ mod tests {
         use serde_json::{Value, json};
         let parse = |body: &Value, defaults: &TxOptions| {
             let bytes = Ok(Bytes::from(body.to_string()));
-            parse_trans(bytes, defaults, &Limits::default())
+            parse_trans(bytes, None, defaults, &Limits::default())
                 .unwrap_or_else(|e| panic!("{body}: {}", e.0.message))
         };
         let today = TxOptions {

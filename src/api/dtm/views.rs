@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 use crate::core::{Action, Branch, BranchStatus, Status};
 use crate::engine::StoredTx;
+use crate::engine::views::{base64, shown_payload};
 use crate::outbound::redact::{redact_header_values, redact_userinfo, redacted};
 use crate::timestamp::rfc3339;
 
@@ -53,7 +54,11 @@ pub(super) fn global_view(stored: &StoredTx) -> Value {
             }
         })
         .collect();
-    let payloads: Vec<&str> = actions.iter().map(|a| &*a.payload).collect();
+    // DTM shows text; bytes that are not text (from a gRPC client) as base64.
+    let payloads: Vec<String> = actions
+        .iter()
+        .map(|a| shown_payload(&a.payload).0)
+        .collect();
     let query_prepared = tx
         .branches
         .iter()
@@ -130,26 +135,6 @@ pub(super) fn branch_view(gid: &str, b: &Branch) -> Value {
         view["finish_time"] = json!(rfc3339(at));
     }
     view
-}
-
-/// Go marshals `[]byte` as standard base64.
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | (b as u32) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 #[cfg(test)]

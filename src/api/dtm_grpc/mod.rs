@@ -29,6 +29,7 @@ use tonic::{Code, Request, Response, Status};
 use tower::ServiceExt;
 
 use super::dtm::{NO_TOPICS, NO_WORKFLOW};
+use translate::DoorRequest;
 
 mod serve;
 mod translate;
@@ -66,7 +67,7 @@ impl DtmGrpc {
         peer: Option<SocketAddr>,
         method: Method,
         route: &'static str,
-        body: Option<Value>,
+        body: Option<DoorRequest>,
     ) -> Result<Value, Status> {
         let started = Instant::now();
         let answer = self.dispatch(metadata, peer, method, route, body).await;
@@ -87,7 +88,7 @@ impl DtmGrpc {
         peer: Option<SocketAddr>,
         method: Method,
         route: &'static str,
-        body: Option<Value>,
+        body: Option<DoorRequest>,
     ) -> Result<Value, Status> {
         let mut request = HttpRequest::builder()
             .method(method)
@@ -102,16 +103,20 @@ impl DtmGrpc {
                 request = request.header(name, value);
             }
         }
-        let body = match body {
-            Some(json) => {
+        let (body, payloads) = match body {
+            Some(door) => {
                 request = request.header(header::CONTENT_TYPE, "application/json");
-                Body::from(serde_json::to_vec(&json).expect("a Value serializes"))
+                let json = serde_json::to_vec(&door.body).expect("a Value serializes");
+                (Body::from(json), door.payloads)
             }
-            None => Body::empty(),
+            None => (Body::empty(), None),
         };
         let mut request = request
             .body(body)
             .map_err(|e| Status::internal(format!("cannot build the request: {e}")))?;
+        if let Some(payloads) = payloads {
+            request.extensions_mut().insert(payloads);
+        }
         if let Some(peer) = peer {
             request.extensions_mut().insert(ConnectInfo(peer));
         }
@@ -262,7 +267,7 @@ impl Dtm for DtmGrpc {
         request: Request<DtmBranchRequest>,
     ) -> Result<Response<()>, Status> {
         let peer = request.remote_addr();
-        let body = translate::branch_body(request.get_ref()).map_err(refused)?;
+        let body = translate::branch_body(request.get_ref());
         self.call(
             "RegisterBranch",
             request.metadata(),

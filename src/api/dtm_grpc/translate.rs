@@ -7,6 +7,18 @@ use std::collections::BTreeMap;
 use idem_dtm_proto::{DtmBranchRequest, DtmRequest};
 use serde_json::{Map, Value, json};
 
+use crate::api::dtm::BinaryPayloads;
+use crate::core::Payload;
+
+/// A gRPC request as a route of the DTM door takes it: DTM's JSON body, and the payloads
+/// as the bytes they are (JSON has no bytes; the route reads them from a request
+/// extension, see [`BinaryPayloads`]).
+#[derive(Debug)]
+pub struct DoorRequest {
+    pub body: Value,
+    pub payloads: Option<BinaryPayloads>,
+}
+
 /// Why a gRPC request has no HTTP body: answered `INVALID_ARGUMENT` with this code and
 /// message, like the HTTP door's 400s.
 #[derive(Debug, PartialEq, Eq)]
@@ -24,11 +36,11 @@ impl Refused {
     }
 }
 
-/// A `DtmRequest` (Prepare, Submit, Abort) as DTM's `TransGlobal` JSON. Proto3 cannot tell
-/// an absent number from zero, and DTM's server reads zero as "the default": so do these
-/// bodies, by leaving zeros out. Negative numbers are passed on, for the shared checks to
-/// refuse.
-pub fn trans_body(request: &DtmRequest) -> Result<Value, Refused> {
+/// A `DtmRequest` (Prepare, Submit, Abort) as DTM's `TransGlobal` JSON, its `BinPayloads`
+/// as bytes. Proto3 cannot tell an absent number from zero, and DTM's server reads zero as
+/// "the default": so do these bodies, by leaving zeros out. Negative numbers are passed
+/// on, for the shared checks to refuse.
+pub fn trans_body(request: &DtmRequest) -> Result<DoorRequest, Refused> {
     let mut body = Map::new();
     body.insert("gid".into(), json!(request.gid));
     body.insert("trans_type".into(), json!(request.trans_type));
@@ -38,26 +50,6 @@ pub fn trans_body(request: &DtmRequest) -> Result<Value, Refused> {
         let parsed: Value = serde_json::from_str(steps)
             .map_err(|e| Refused::new("invalid_json", format!("Steps is not JSON: {e}")))?;
         body.insert("steps".into(), parsed);
-    }
-    if !request.bin_payloads.is_empty() {
-        let payloads =
-            request
-                .bin_payloads
-                .iter()
-                .enumerate()
-                .map(|(i, bytes)| {
-                    String::from_utf8(bytes.clone()).map(Value::String).map_err(|_| {
-                    Refused::new(
-                        "binary_payload",
-                        format!(
-                            "BinPayloads[{i}] is not UTF-8 text; this version of idem stores \
-                             payloads as text"
-                        ),
-                    )
-                })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-        body.insert("payloads".into(), Value::Array(payloads));
     }
     put_text(&mut body, "custom_data", &request.customed_data);
     put_text(&mut body, "query_prepared", &request.query_prepared);
@@ -75,13 +67,26 @@ pub fn trans_body(request: &DtmRequest) -> Result<Value, Refused> {
             body.insert("branch_headers".into(), json!(headers));
         }
     }
-    Ok(Value::Object(body))
+    // The payloads stand for `payloads`; none is a TCC's (or a client's that has none).
+    let payloads = (!request.bin_payloads.is_empty()).then(|| {
+        BinaryPayloads(
+            request
+                .bin_payloads
+                .iter()
+                .map(|bytes| Payload::from(bytes.as_slice()))
+                .collect(),
+        )
+    });
+    Ok(DoorRequest {
+        body: Value::Object(body),
+        payloads,
+    })
 }
 
 /// A `DtmBranchRequest` as the body of DTM's `registerBranch`: its `Data` map (a TCC
-/// branch's `confirm` and `cancel`) with the named fields over it, and `BusiPayload` as
-/// `data`, what Confirm and Cancel receive.
-pub fn branch_body(request: &DtmBranchRequest) -> Result<Value, Refused> {
+/// branch's `confirm` and `cancel`) with the named fields over it, and `BusiPayload`, what
+/// Confirm and Cancel receive, as bytes (standing for the HTTP door's `data`).
+pub fn branch_body(request: &DtmBranchRequest) -> DoorRequest {
     let mut body: Map<String, Value> = request
         .data
         .iter()
@@ -93,14 +98,13 @@ pub fn branch_body(request: &DtmBranchRequest) -> Result<Value, Refused> {
     if !request.op.is_empty() {
         body.insert("op".into(), json!(request.op));
     }
-    let payload = String::from_utf8(request.busi_payload.clone()).map_err(|_| {
-        Refused::new(
-            "binary_payload",
-            "BusiPayload is not UTF-8 text; this version of idem stores payloads as text",
-        )
-    })?;
-    body.insert("data".into(), Value::String(payload));
-    Ok(Value::Object(body))
+    body.remove("data");
+    DoorRequest {
+        body: Value::Object(body),
+        payloads: Some(BinaryPayloads(vec![Payload::from(
+            request.busi_payload.as_slice(),
+        )])),
+    }
 }
 
 fn put_text(body: &mut Map<String, Value>, key: &str, value: &str) {
@@ -135,17 +139,25 @@ mod tests {
                 retry_limit: 3,
             }),
             customed_data: r#"{"concurrent":false}"#.into(),
-            bin_payloads: vec![b"{\"n\":1}".to_vec()],
+            bin_payloads: vec![b"{\"n\":1}".to_vec(), vec![0x08, 0xff, 0x00]],
             steps: r#"[{"action":"http://a/x","compensate":"http://a/y"}]"#.into(),
             ..DtmRequest::default()
         };
-        let body = trans_body(&request).unwrap();
+        let door = trans_body(&request).unwrap();
+        // The payloads go as the bytes they are, text or not.
         assert_eq!(
-            body,
+            door.payloads.unwrap().0,
+            [
+                Payload::from("{\"n\":1}"),
+                Payload::from(vec![0x08, 0xff, 0x00])
+            ]
+        );
+        assert_eq!(
+            door.body,
             json!({
                 "gid": "g1", "trans_type": "saga", "wait_result": true,
                 "steps": [{"action": "http://a/x", "compensate": "http://a/y"}],
-                "payloads": ["{\"n\":1}"], "custom_data": "{\"concurrent\":false}",
+                "custom_data": "{\"concurrent\":false}",
                 "retry_interval": 5, "request_timeout": -1, "retry_limit": 3,
                 "branch_headers": {"x-a": "1"},
             })
@@ -160,32 +172,18 @@ mod tests {
             steps: "null".into(),
             ..DtmRequest::default()
         };
-        assert_eq!(
-            trans_body(&request).unwrap(),
-            json!({"gid": "g", "trans_type": "tcc"})
-        );
+        let door = trans_body(&request).unwrap();
+        assert_eq!(door.body, json!({"gid": "g", "trans_type": "tcc"}));
+        assert!(door.payloads.is_none());
     }
 
     #[test]
-    fn steps_that_are_not_json_and_binary_payloads_are_refused_with_codes() {
+    fn steps_that_are_not_json_are_refused_with_a_code() {
         let bad_steps = DtmRequest {
             steps: "[{".into(),
             ..DtmRequest::default()
         };
         assert_eq!(trans_body(&bad_steps).unwrap_err().code, "invalid_json");
-        let binary = DtmRequest {
-            bin_payloads: vec![vec![0xff, 0x00]],
-            ..DtmRequest::default()
-        };
-        assert_eq!(trans_body(&binary).unwrap_err().code, "binary_payload");
-        let binary_branch = DtmBranchRequest {
-            busi_payload: vec![0xc3],
-            ..DtmBranchRequest::default()
-        };
-        assert_eq!(
-            branch_body(&binary_branch).unwrap_err().code,
-            "binary_payload"
-        );
     }
 
     #[test]
@@ -198,16 +196,19 @@ mod tests {
             data: [
                 ("confirm".to_owned(), "http://p/confirm".to_owned()),
                 ("gid".to_owned(), "other".to_owned()),
+                ("data".to_owned(), "not the payload".to_owned()),
             ]
             .into(),
-            busi_payload: b"{}".to_vec(),
+            busi_payload: vec![0x0a, 0x80],
         };
+        let door = branch_body(&request);
         assert_eq!(
-            branch_body(&request).unwrap(),
+            door.body,
             json!({
                 "gid": "g", "trans_type": "tcc", "branch_id": "01", "op": "try",
-                "confirm": "http://p/confirm", "data": "{}",
+                "confirm": "http://p/confirm",
             })
         );
+        assert_eq!(door.payloads.unwrap().0, [Payload::from(vec![0x0a, 0x80])]);
     }
 }

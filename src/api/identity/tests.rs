@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::api::native::{NewTransaction, check_create};
 use crate::api::validate::{Limits, Stated};
 use crate::canonical::{CanonicalRequest, request_hash};
-use crate::core::{Action, Branch, Kind, SagaStep, TxOptions};
+use crate::core::{Action, Branch, Kind, Payload, SagaStep, TxOptions};
 
 /// `--prepared-timeout-ms`'s default, which the engine gives a TCC or msg that states no
 /// timeout, after hashing its request.
@@ -319,7 +319,7 @@ fn the_text_form_hashes_as_the_tree_form_did() {
             "{text}"
         );
 
-        let msg_steps = [("http://p/m".to_owned(), text.to_owned())];
+        let msg_steps = [("http://p/m".to_owned(), Payload::from(text))];
         let branch = Branch::new("b1", Action::Confirm, 0, "http://p/ok", text, 0);
         for (kind, query) in [(Kind::Msg, Some("http://p/q")), (Kind::Tcc, Some(""))] {
             let (msg, branches) = match kind {
@@ -340,7 +340,7 @@ fn the_text_form_hashes_as_the_tree_form_did() {
                 kind,
                 steps: msg
                     .iter()
-                    .map(|(a, t)| (a.as_str(), "", tree_payload(t)))
+                    .map(|(a, t)| (a.as_str(), "", tree_payload(t.as_text().unwrap())))
                     .collect(),
                 branches: branches
                     .iter()
@@ -349,7 +349,7 @@ fn the_text_form_hashes_as_the_tree_form_did() {
                             &*b.branch_id,
                             b.action.op(),
                             &*b.url,
-                            tree_payload(&b.payload),
+                            tree_payload(b.payload.as_text().unwrap()),
                         )
                     })
                     .collect(),
@@ -393,7 +393,33 @@ fn a_payload_is_stored_as_the_tree_printed_it() {
     let value: Value = serde_json::from_str(body).unwrap();
     assert_eq!(
         saga.steps[0].payload,
-        value["steps"][0]["payload"].to_string()
+        value["steps"][0]["payload"].to_string().into()
     );
-    assert_eq!(saga.steps[0].payload, r#"{"a":"é","b":7}"#);
+    assert_eq!(saga.steps[0].payload, r#"{"a":"é","b":7}"#.into());
+}
+
+/// A gRPC client's payload that is not text is its bytes in the form: the same bytes are
+/// the same request, another byte another one, and no text collides with them. Bytes that
+/// are UTF-8 are the text they spell, whichever door they came through.
+#[test]
+fn bytes_that_are_not_text_are_hashed_as_bytes() {
+    let saga = |payload: Payload| {
+        let step = SagaStep {
+            action: "p:1/s.S/A".into(),
+            compensate: "p:1/s.S/C".into(),
+            payload,
+        };
+        let options = TxOptions::default();
+        crate::api::identity::saga("g", &[step], &options, Stated::default()).hash()
+    };
+    let bytes = Payload::from(vec![0x08, 0xff, 0x01]);
+    assert_eq!(saga(bytes.clone()), saga(bytes.clone()));
+    assert_ne!(saga(bytes), saga(Payload::from(vec![0x08, 0xff, 0x02])));
+    for text in ["bytes:ff", "\"bytes:ff\"", "ff", "[\"bytes\",\"ff\"]"] {
+        assert_ne!(saga(Payload::from(vec![0xff])), saga(Payload::from(text)));
+    }
+    assert_eq!(
+        saga(Payload::from(b"{\"n\": 1}".to_vec())),
+        saga(Payload::from("{\"n\":1}"))
+    );
 }

@@ -131,7 +131,7 @@ pub(super) async fn register(
     if let Some(url) = &req.try_url {
         check_url("try", url)?;
         // The Confirm's text: the same payload.
-        let payload = Arc::clone(&branches[0].payload);
+        let payload = branches[0].payload.clone();
         branches.push(Branch::new(
             req.branch_id.as_str(),
             Action::Try,

@@ -2,7 +2,6 @@
 //! what the engine takes.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -156,7 +155,7 @@ impl BranchSpec {
         let named = format!("{field}payload (branch {:?})", self.branch_id);
         check_payload(&named, &self.payload.0, limits)?;
         // One copy of the text for both operations.
-        let payload: Arc<str> = self.payload.0.as_str().into();
+        let payload = crate::core::Payload::from(self.payload.0.as_str());
         // TCC branches have no order among them: Confirms (or Cancels) all go out together.
         Ok([
             Branch::new(
@@ -164,7 +163,7 @@ impl BranchSpec {
                 Action::Confirm,
                 0,
                 self.confirm.as_str(),
-                Arc::clone(&payload),
+                payload.clone(),
                 now,
             ),
             Branch::new(
@@ -303,7 +302,7 @@ pub fn check_create(
                 steps.push(SagaStep {
                     action: s.action,
                     compensate,
-                    payload: s.payload.0,
+                    payload: s.payload.0.into(),
                 });
             }
             let stated = req.options.check(steps.len(), limits)?;
@@ -351,7 +350,7 @@ pub fn check_create(
                     return invalid("msg steps have no compensate");
                 }
                 check_payload(&format!("steps[{i}].payload"), &s.payload.0, limits)?;
-                msg_steps.push((s.action, s.payload.0));
+                msg_steps.push((s.action, s.payload.0.into()));
             }
             if let Some(url) = &req.query_prepared {
                 check_url("query_prepared", url)?;

@@ -153,13 +153,20 @@ call("msg2_submit", dtm.Submit, msg2, grpc.StatusCode.OK)
 # scheme are called over gRPC with the payload's bytes and DTM's metadata.
 GP = os.environ["GRPC_PARTICIPANT"]
 BUSI = f"{GP}/busi.Busi"
-PROTO = b"\x0a\x05alice\x10\x1e"  # a protobuf BusiReq{Account: "alice", Amount: 30}
+# A protobuf BusiReq{Account: "alice", Amount: 300}: 300 as a varint (ac 02) is not UTF-8,
+# so idem stores, hashes and sends these payloads as the bytes they are.
+PROTO = b"\x0a\x05alice\x10\xac\x02"
 gsaga = pb.DtmRequest(Gid=f"{RUN}-gsaga", TransType="saga",
                       Steps=json.dumps([{"action": f"{BUSI}/TransOut", "compensate": f"{BUSI}/TransOutRevert"},
                                         {"action": f"{BUSI}/TransInFail", "compensate": f"{BUSI}/TransInRevert"}]),
                       BinPayloads=[PROTO, PROTO], TransOptions=options(WaitResult=True))
 call("gsaga", dtm.Submit, gsaga, grpc.StatusCode.ABORTED)
 call("gsaga_again", dtm.Submit, gsaga, grpc.StatusCode.ABORTED)
+# The same gid with one byte of a payload changed is another request.
+gsaga_changed = pb.DtmRequest()
+gsaga_changed.CopyFrom(gsaga)
+gsaga_changed.BinPayloads[1] = PROTO[:-1] + b"\x03"
+call("gsaga_changed", dtm.Submit, gsaga_changed, grpc.StatusCode.ABORTED)
 
 # A TCC whose Try, called over gRPC by the client itself as DTM's clients do, fails:
 # Abort, and the registered gRPC Cancel is called.
@@ -196,9 +203,10 @@ bad = {
                                  TransOptions=options(TimeoutToFail=-5)),
     "bad_url": pb.DtmRequest(Gid=f"{RUN}-bad-url", TransType="saga",
                              Steps=json.dumps([{"action": "ftp://nowhere/x"}])),
-    "bad_binary": pb.DtmRequest(Gid=f"{RUN}-bad-binary", TransType="saga",
-                                Steps=json.dumps([{"action": f"{P}/x"}]),
-                                BinPayloads=[b"\xff\xfe"]),
+    "bad_payload_size": pb.DtmRequest(Gid=f"{RUN}-bad-size", TransType="saga",
+                                      Steps=json.dumps([{"action": f"{BUSI}/TransOut",
+                                                         "compensate": f"{BUSI}/TransOutRevert"}]),
+                                      BinPayloads=[b"\xff" * 65_537]),
 }
 for name, request in bad.items():
     call(name, dtm.Submit, request, grpc.StatusCode.INVALID_ARGUMENT)

@@ -35,6 +35,8 @@ fn json_table(columns: &[(&str, &str)]) -> String {
         .map(|(name, kind)| {
             let kind = match *kind {
                 "text" => "LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+                // Bytes travel as hex in the JSON (see `NewBranch`); `values` unhexes them.
+                "hex" => "LONGTEXT CHARACTER SET ascii",
                 other => other,
             };
             format!("{name} {kind} PATH '$.{name}'")
@@ -83,6 +85,7 @@ const NEW_BRANCH: &[(&str, &str)] = &[
     ("seq", "INT"),
     ("url", "text"),
     ("payload", "text"),
+    ("payload_bin", "hex"),
     ("status", "text"),
     ("attempts", "INT"),
     ("next_attempt_at", "BIGINT"),
@@ -126,9 +129,17 @@ static INSERT_GLOBALS: LazyLock<String> = LazyLock::new(|| {
 });
 
 static INSERT_BRANCHES: LazyLock<String> = LazyLock::new(|| {
-    let cols = names(NEW_BRANCH);
+    let values: Vec<String> = NEW_BRANCH
+        .iter()
+        .map(|(name, kind)| match *kind {
+            "hex" => format!("UNHEX({name})"),
+            _ => (*name).to_owned(),
+        })
+        .collect();
     format!(
-        "INSERT INTO idem_branch ({cols}) SELECT {cols} FROM {}",
+        "INSERT INTO idem_branch ({}) SELECT {} FROM {}",
+        names(NEW_BRANCH),
+        values.join(", "),
         json_table(NEW_BRANCH)
     )
 });

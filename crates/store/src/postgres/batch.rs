@@ -36,8 +36,8 @@ static BATCH: LazyLock<String> = LazyLock::new(|| {
         "varchar", "boolean",
     ]);
     let created_branches = arrays(&[
-        "varchar", "varchar", "varchar", "int", "text", "text", "varchar", "int", "bigint", "text",
-        "bigint", "bigint", "bigint",
+        "varchar", "varchar", "varchar", "int", "text", "text", "bytea", "varchar", "int",
+        "bigint", "text", "bigint", "bigint", "bigint",
     ]);
     let saved = arrays(&[
         "varchar", "varchar", "varchar", "bigint", "varchar", "varchar", "int", "bigint", "text",
@@ -157,6 +157,7 @@ pub(super) async fn write(store: &SqlStore<Postgres>, works: &[Work]) -> Result<
         .bind(column!(b, seq))
         .bind(column!(b, url))
         .bind(column!(b, payload))
+        .bind(column!(b, payload_bin))
         .bind(column!(b, values.status))
         .bind(column!(b, values.attempts))
         .bind(column!(b, values.next_attempt_at))

@@ -5,11 +5,18 @@
 
 use serde::Serialize;
 
-use super::binds::clip;
+use super::binds::{clip, payload_bin, payload_text};
 use super::branch_groups;
 use super::group_commit::Work;
 use crate::{Guard, Result, StoreError};
 use idem_core::Branch;
+
+fn hex_bytes<S: serde::Serializer>(bytes: &Option<&[u8]>, s: S) -> Result<S::Ok, S::Error> {
+    match bytes {
+        Some(bytes) => s.serialize_str(&hex::encode(bytes)),
+        None => s.serialize_none(),
+    }
+}
 
 /// A created transaction's global row (`GLOBAL_COLUMNS` but the version, which is 0).
 #[derive(Serialize)]
@@ -44,6 +51,9 @@ pub struct NewBranch<'a> {
     pub seq: i32,
     pub url: &'a str,
     pub payload: &'a str,
+    /// As hex in the JSON that SQLite's and MariaDB's batches read.
+    #[serde(serialize_with = "hex_bytes")]
+    pub payload_bin: Option<&'a [u8]>,
     #[serde(flatten)]
     pub values: BranchValues<'a>,
 }
@@ -206,7 +216,8 @@ impl<'a> BatchRows<'a> {
                 action: b.action.as_str(),
                 seq: b.seq,
                 url: &b.url,
-                payload: &b.payload,
+                payload: payload_text(&b.payload),
+                payload_bin: payload_bin(&b.payload),
                 values: BranchValues::of(b),
             });
         }

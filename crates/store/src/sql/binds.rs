@@ -87,7 +87,8 @@ macro_rules! bind_branch_insert {
                 .bind(b.action.as_str())
                 .bind(b.seq)
                 .bind(&*b.url)
-                .bind(&*b.payload),
+                .bind($crate::sql::binds::payload_text(&b.payload))
+                .bind($crate::sql::binds::payload_bin(&b.payload)),
             b
         )
     }};
@@ -129,4 +130,25 @@ pub(crate) fn clip(s: &Option<String>) -> Option<&str> {
             &s[..end]
         }
     })
+}
+
+use idem_core::Payload;
+
+/// A payload as every database's text column holds it: UTF-8 without NUL (PostgreSQL's
+/// `TEXT` has no NUL).
+fn as_column_text(payload: &Payload) -> Option<&str> {
+    payload.as_text().filter(|text| !text.contains('\0'))
+}
+
+/// A payload's `payload` column: the payload when it is text, empty when it is not.
+pub(crate) fn payload_text(payload: &Payload) -> &str {
+    as_column_text(payload).unwrap_or_default()
+}
+
+/// A payload's `payload_bin` column: the payload when it is not text (see the migration
+/// `binary_payloads`), NULL when it is.
+pub(crate) fn payload_bin(payload: &Payload) -> Option<&[u8]> {
+    as_column_text(payload)
+        .is_none()
+        .then(|| payload.as_bytes())
 }

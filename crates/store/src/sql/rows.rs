@@ -46,6 +46,8 @@ pub struct BranchRow {
     pub seq: i32,
     pub url: String,
     pub payload: String,
+    /// A payload that is not UTF-8 (then `payload` is empty).
+    pub payload_bin: Option<Vec<u8>>,
     pub status: String,
     pub attempts: i32,
     pub next_attempt_at: Option<i64>,
@@ -93,7 +95,10 @@ impl BranchRow {
             action: self.action.parse().map_err(corrupt)?,
             seq: self.seq,
             url: self.url.into(),
-            payload: self.payload.into(),
+            payload: match self.payload_bin {
+                Some(bytes) => bytes.into(),
+                None => self.payload.into(),
+            },
             status: self.status.parse().map_err(corrupt)?,
             attempts: self.attempts,
             next_attempt_at: self.next_attempt_at,

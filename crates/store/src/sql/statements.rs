@@ -18,7 +18,7 @@ pub(crate) const GLOBAL_COLUMNS: &str = global_columns!();
 /// transaction starts at 0 (their columns' default), which only saves change.
 pub(crate) const GLOBAL_READ: &str =
     concat!(global_columns!(), ", calls, history, history_dropped");
-pub(crate) const BRANCH_COLUMNS: &str = "gid, branch_id, action, seq, url, payload, status, attempts, \
+pub(crate) const BRANCH_COLUMNS: &str = "gid, branch_id, action, seq, url, payload, payload_bin, status, attempts, \
      next_attempt_at, last_error, in_progress_since, updated_at, finished_at";
 pub(crate) const ATTEMPT_COLUMNS: &str =
     "number, branch_id, action, attempt, started_at, duration_ms, outcome, detail";
@@ -96,7 +96,7 @@ impl Statements {
                 .map(|n| {
                     t(format!(
                         "INSERT INTO idem_branch ({BRANCH_COLUMNS}) VALUES {}",
-                        rows(n, 13)
+                        rows(n, BRANCH_COLUMNS.split(',').count())
                     ))
                 })
                 .collect(),
@@ -112,7 +112,7 @@ impl Statements {
                 .map(|n| {
                     t(format!(
                         "INSERT INTO idem_attempt (gid, {ATTEMPT_COLUMNS}) VALUES {}",
-                        rows(n, 9)
+                        rows(n, ATTEMPT_COLUMNS.split(',').count())
                     ))
                 })
                 .collect(),

@@ -29,7 +29,11 @@ pub(super) const CREATE_WRITTEN: &str =
 /// The values of these keys of each object `jsonb_each` yields, in order.
 fn values(keys: &[&str]) -> String {
     keys.iter()
-        .map(|k| format!("value ->> '{k}'"))
+        .map(|k| match *k {
+            // Bytes travel as hex in the JSON (see `NewBranch`).
+            "payload_bin" => format!("unhex(value ->> '{k}')"),
+            k => format!("value ->> '{k}'"),
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }

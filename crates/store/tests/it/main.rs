@@ -33,5 +33,6 @@ mod common {
     }
 }
 
+mod payloads;
 mod pg_statistics;
 mod store;

@@ -47,7 +47,7 @@ fn saga(gid: &str) -> Transaction {
         .map(|i| SagaStep {
             action: format!("http://p/{i}/a"),
             compensate: format!("http://p/{i}/c"),
-            payload: format!("{{\"i\":{i}}}"),
+            payload: format!("{{\"i\":{i}}}").into(),
         })
         .collect();
     Transaction::saga(gid, steps, TxOptions::default(), T0)

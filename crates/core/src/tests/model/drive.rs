@@ -46,7 +46,7 @@ impl Driver {
                     .map(|i| SagaStep {
                         action: format!("a{i}"),
                         compensate: format!("c{i}"),
-                        payload: String::new(),
+                        payload: Payload::default(),
                     })
                     .collect();
                 Transaction::saga("m", steps, options, T0)
