@@ -211,14 +211,20 @@ impl HttpTransport {
     }
 
     fn url(request: &CallRequest) -> Result<reqwest::Url, String> {
-        let mut url = reqwest::Url::parse(&request.url).map_err(|e| format!("bad URL: {e}"))?;
-        url.query_pairs_mut()
-            .append_pair("gid", &request.gid)
-            .append_pair("trans_type", request.kind.as_str())
-            .append_pair("branch_id", &request.branch_id)
-            .append_pair("op", request.action.op());
-        Ok(url)
+        let url = reqwest::Url::parse(&request.url).map_err(|e| format!("bad URL: {e}"))?;
+        Ok(with_call_query(url, request))
     }
+}
+
+/// `url` with DTM's query parameters of a branch call appended: what an HTTP call is sent
+/// to, and what a gRPC call (whose parameters travel as metadata) is signed for.
+fn with_call_query(mut url: reqwest::Url, request: &CallRequest) -> reqwest::Url {
+    url.query_pairs_mut()
+        .append_pair("gid", &request.gid)
+        .append_pair("trans_type", request.kind.as_str())
+        .append_pair("branch_id", &request.branch_id)
+        .append_pair("op", request.action.op());
+    url
 }
 
 #[async_trait::async_trait]
@@ -227,7 +233,8 @@ impl Transport for HttpTransport {
         // DTM's gRPC branches: a URL without a scheme (see `outbound::GrpcTarget`).
         if let Some(target) = crate::outbound::GrpcTarget::parse(&request.url) {
             let policy = &self.clients.policy;
-            return grpc::call(policy, self.max_answer, request, &target).await;
+            let signer = self.signer.as_deref();
+            return grpc::call(policy, signer, self.max_answer, request, &target).await;
         }
         let started = Instant::now();
         let checked = Self::url(request)

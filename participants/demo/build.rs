@@ -1,4 +1,4 @@
-//! Generates the example gRPC participant's server (`proto/busi.proto`), compiled by protox
+//! Generates the example gRPC participant's server and client (`proto/busi.proto`), compiled by protox
 //! (no protoc needed).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -6,7 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = protox::compile(["proto/busi.proto"], ["proto"])?;
     tonic_prost_build::configure()
         .build_server(true)
-        .build_client(false)
+        .build_client(true)
         .compile_fds(files)?;
     Ok(())
 }

@@ -2,8 +2,9 @@
 //! ([`GrpcTarget`]) is a unary call of `/package.Service/Method` whose request message is
 //! the stored payload's bytes, unchanged (the participant's own message type; idem never
 //! decodes it), with DTM's metadata (`dtm-gid`, `dtm-trans_type`, `dtm-branch_id`,
-//! `dtm-op`, `dtm-dtm`), the branch headers, idem's tenant and call id, and a
-//! `grpc-timeout` of the request timeout. The reply message is ignored.
+//! `dtm-op`, `dtm-dtm`), the branch headers, idem's tenant and call id, its signature
+//! when the tenant has signing keys, and a `grpc-timeout` of the request timeout. The
+//! reply message is ignored.
 //!
 //! Answers follow DTM's rules: `OK` is success, `ABORTED` a failure (in progress when its
 //! message says `ONGOING`, as participants older than DTM 1.10 answer),
@@ -28,10 +29,11 @@ use tonic::metadata::{AsciiMetadataValue, MetadataKey};
 use tonic::transport::{Endpoint, Uri};
 use tonic::{Code, Status};
 
-use super::{CallRequest, CallResult, IDEM_HEADERS, redact_outcome};
+use super::{CallRequest, CallResult, IDEM_HEADERS, redact_outcome, with_call_query};
 use crate::core::CallOutcome;
 use crate::outbound::resolve::filter;
 use crate::outbound::{DENIED_PREFIX, GrpcTarget, OutboundPolicy};
+use crate::signing::Signer;
 
 /// How long connecting may take, as for HTTP participants.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -39,12 +41,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Calls `target` for `request`; see the module's documentation.
 pub(super) async fn call(
     policy: &OutboundPolicy,
+    signer: Option<&Signer>,
     max_answer: usize,
     request: &CallRequest,
     target: &GrpcTarget,
 ) -> CallResult {
     let started = Instant::now();
-    let outcome = match attempt(policy, max_answer, request, target).await {
+    let outcome = match attempt(policy, signer, max_answer, request, target).await {
         Ok(outcome) => outcome,
         Err(detail) => CallOutcome::Unknown(detail),
     };
@@ -58,6 +61,7 @@ pub(super) async fn call(
 
 async fn attempt(
     policy: &OutboundPolicy,
+    signer: Option<&Signer>,
     max_answer: usize,
     request: &CallRequest,
     target: &GrpcTarget,
@@ -107,9 +111,21 @@ async fn attempt(
     grpc.ready()
         .await
         .map_err(|e| format!("connection failed: {e}"))?;
-    let mut message = tonic::Request::new(request.payload.as_bytes().to_vec());
+    // Signed as a POST of the payload to the target's plain-HTTP URL with DTM's query
+    // parameters, which travel as metadata: `idem_participant::grpc` rebuilds the same.
+    let call_id = idem_signing::new_call_id();
+    let body = request.payload.as_bytes();
+    let signed_url = with_call_query(url.clone(), request);
+    let signature =
+        signer.and_then(|s| s.sign_request("POST", &signed_url, body, &request.tenant, &call_id));
+    let mut message = tonic::Request::new(body.to_vec());
     message.set_timeout(request.timeout);
-    put_metadata(message.metadata_mut(), request);
+    put_metadata(
+        message.metadata_mut(),
+        request,
+        &call_id,
+        signature.as_deref(),
+    );
     let path = http::uri::PathAndQuery::from_str(&target.path)
         .map_err(|e| format!("bad gRPC method path: {e}"))?;
     let answer = tokio::time::timeout(request.timeout, grpc.unary(message, path, RawCodec)).await;
@@ -148,7 +164,12 @@ pub fn classify(status: &Status) -> CallOutcome {
 
 /// DTM's metadata, the branch headers (those that are valid metadata), and idem's tenant
 /// and call id, which a client's branch headers cannot replace.
-fn put_metadata(metadata: &mut tonic::metadata::MetadataMap, request: &CallRequest) {
+fn put_metadata(
+    metadata: &mut tonic::metadata::MetadataMap,
+    request: &CallRequest,
+    call_id: &str,
+    signature: Option<&str>,
+) {
     let mut put = |name: &str, value: &str| {
         if let (Ok(key), Ok(value)) = (
             MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes()),
@@ -168,7 +189,10 @@ fn put_metadata(metadata: &mut tonic::metadata::MetadataMap, request: &CallReque
     put("dtm-op", request.action.op());
     put("dtm-dtm", "");
     put(idem_signing::TENANT_HEADER, &request.tenant);
-    put(idem_signing::CALL_ID_HEADER, &idem_signing::new_call_id());
+    put(idem_signing::CALL_ID_HEADER, call_id);
+    if let Some(signature) = signature {
+        put(idem_signing::HEADER, signature);
+    }
 }
 
 /// DTM's pass-through codec: the request message is the payload's bytes as stored, and

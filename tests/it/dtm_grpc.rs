@@ -637,12 +637,20 @@ async fn branches_are_called_over_grpc_on_mariadb() {
     grpc_branches(Backend::Mysql, "grpc_branches_mysql").await;
 }
 
-/// The tonic example participant (`idem_demo::grpc_busi`, the barrier over gRPC) driven
-/// by idem through the gRPC door: a transfer saga moves money once; a saga whose first
-/// action is refused (not enough money) ends failed with its compensation an empty
-/// rollback; a saga whose second action is refused (unknown account) gives the money back.
+/// The key tenant `grpc` signs its calls with, in the coordinator's and the participant's
+/// key files.
+const GRPC_KEYS: &str = "[tenant grpc]\nk-grpc:0123456789abcdef-grpc-secret\n";
+
+/// The tonic example participant (`idem_demo::grpc_busi`, the barrier over gRPC, behind
+/// the SDK's signature layer) driven by idem, which signs its gRPC calls, through the gRPC
+/// door: a transfer saga moves money once; a saga whose first action is refused (not
+/// enough money) ends failed with its compensation an empty rollback; a saga whose second
+/// action is refused (unknown account) gives the money back. Calls made here directly show
+/// that the participant takes only rightly signed ones: none unsigned, none signed for
+/// another method, no replay.
 async fn tonic_example(backend: Backend, test: &str) {
-    use idem_demo::grpc_busi::{self, proto::BusiReq};
+    use idem_demo::grpc_busi::{self, proto::BusiReq, proto::busi_client::BusiClient};
+    use idem_participant::signature::{self as sig, Keyring, Verifier};
     use prost::Message;
 
     let db = TestDatabase::create(backend, test).await;
@@ -652,9 +660,14 @@ async fn tonic_example(backend: Backend, test: &str) {
     grpc_busi::seed(&pool, "bob", 0).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let busi = listener.local_addr().unwrap();
-    let serving = tokio::spawn(grpc_busi::serve(listener, pool.clone()));
+    let verifier = Verifier::new(Keyring::parse(GRPC_KEYS).unwrap());
+    let serving = tokio::spawn(grpc_busi::serve_signed(listener, pool.clone(), verifier));
 
-    let s = Setup::with(db, |c| c.grpc_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let s = Setup::with(db, |c| {
+        c.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.signing = Some(idem::signing::Signer::new(Keyring::parse(GRPC_KEYS).unwrap()).unwrap());
+    })
+    .await;
     let token = s.token("grpc", Role::Client).await;
     let mut client = DtmClient::connect(format!("http://{}", s.server.grpc_addr.unwrap()))
         .await
@@ -717,6 +730,76 @@ async fn tonic_example(backend: Backend, test: &str) {
     assert_eq!(unknown.code(), tonic::Code::Aborted, "{unknown:?}");
     wait_status(&s, &token, "t-nobody", "failed").await;
     assert_eq!(balances().await, (70, 30), "alice got her 20 back");
+
+    // Direct calls, signed here as idem signs: only the right one reaches the barrier.
+    let key = sig::Key::new("k-grpc", "0123456789abcdef-grpc-secret").unwrap();
+    let message = BusiReq {
+        account: "alice".into(),
+        amount: 5,
+    };
+    let body = message.encode_to_vec();
+    let call_id = sig::new_call_id();
+    let signed_for = |method: &str| {
+        let target =
+            format!("/busi.Busi/{method}?gid=direct&trans_type=saga&branch_id=01&op=action");
+        let call = sig::Call {
+            method: "POST",
+            scheme: "http",
+            host: "127.0.0.1",
+            port: busi.port(),
+            target: &target,
+            body: &body,
+            tenant: "grpc",
+            call_id: &call_id,
+        };
+        let now = sig::unix_seconds(std::time::SystemTime::now());
+        sig::sign_call(&key, now, &call, false).unwrap()
+    };
+    let request = |signature: Option<String>| {
+        let mut request = tonic::Request::new(message.clone());
+        let metadata = request.metadata_mut();
+        for (name, value) in [
+            ("dtm-gid", "direct"),
+            ("dtm-trans_type", "saga"),
+            ("dtm-branch_id", "01"),
+            ("dtm-op", "action"),
+            ("idem-tenant", "grpc"),
+            ("idem-call-id", call_id.as_str()),
+        ] {
+            metadata.insert(name, value.parse().unwrap());
+        }
+        if let Some(signature) = signature {
+            metadata.insert("idem-signature", signature.parse().unwrap());
+        }
+        request
+    };
+    let refusal = |answer: Result<tonic::Response<()>, tonic::Status>| {
+        let status = answer.expect_err("refused");
+        let code = status.message().split(':').next().unwrap().to_owned();
+        (status.code(), code)
+    };
+    let mut direct = BusiClient::connect(format!("http://{busi}")).await.unwrap();
+    let unauthenticated = |code: &str| (tonic::Code::Unauthenticated, code.to_owned());
+    assert_eq!(
+        refusal(direct.trans_out(request(None)).await),
+        unauthenticated("signature_missing")
+    );
+    assert_eq!(
+        refusal(direct.trans_out(request(Some(signed_for("TransIn")))).await),
+        unauthenticated("signature_mismatch")
+    );
+    assert_eq!(balances().await, (70, 30), "nothing moved");
+    let signed = signed_for("TransOut");
+    direct
+        .trans_out(request(Some(signed.clone())))
+        .await
+        .unwrap();
+    assert_eq!(balances().await, (65, 30), "the signed call moved 5");
+    assert_eq!(
+        refusal(direct.trans_out(request(Some(signed))).await),
+        unauthenticated("signature_replayed")
+    );
+    assert_eq!(balances().await, (65, 30), "the replay moved nothing");
 
     serving.abort();
     s.finish().await;

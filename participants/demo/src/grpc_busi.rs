@@ -9,7 +9,8 @@
 //! compensation is rejected. An account that would go below zero refuses (`ABORTED`), so
 //! the saga compensates.
 
-use idem_participant::grpc::status_of;
+use idem_participant::grpc::{RequireSignatureLayer, status_of};
+use idem_participant::signature::Verifier;
 use idem_participant::{BranchCall, Op, ParticipantError, StepTx};
 use sqlx::{Any, AnyPool, Row};
 use tokio::net::TcpListener;
@@ -65,6 +66,21 @@ pub async fn balance(pool: &AnyPool, account: &str) -> Result<i64, sqlx::Error> 
 pub async fn serve(listener: TcpListener, pool: AnyPool) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     tonic::transport::Server::builder()
+        .add_service(BusiServer::new(Service { db: Db::new(pool) }))
+        .serve_with_incoming(incoming)
+        .await
+}
+
+/// Serves `busi.Busi` on `listener` to calls that `verifier` accepts (a coordinator with
+/// signing keys signs its gRPC calls); any other call is answered `UNAUTHENTICATED`.
+pub async fn serve_signed(
+    listener: TcpListener,
+    pool: AnyPool,
+    verifier: Verifier,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tonic::transport::Server::builder()
+        .layer(RequireSignatureLayer::new(verifier))
         .add_service(BusiServer::new(Service { db: Db::new(pool) }))
         .serve_with_incoming(incoming)
         .await

@@ -154,6 +154,11 @@ impl Verifier {
         self
     }
 
+    /// How much of a body is read to check it.
+    pub(crate) fn max_body(&self) -> usize {
+        self.max_body
+    }
+
     /// Checks a request's head and body (the target is the one on the request line, also
     /// under a nested router), then its call id against the replay cache.
     pub fn verify_parts(&self, parts: &Parts, body: &[u8]) -> Result<SignedCall, SignatureError> {

@@ -15,8 +15,12 @@
 //! }
 //! ```
 //!
-//! Signed calls are HTTP-only for now: a coordinator does not sign gRPC calls, so trust
-//! these parameters as far as the network only coordinators reach.
+//! A coordinator with signing keys signs gRPC calls too: put [`RequireSignatureLayer`] in
+//! front of the services (see [`signature`]) so that only its calls reach them.
+
+mod signature;
+
+pub use signature::{RequireSignature, RequireSignatureLayer, verify};
 
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
