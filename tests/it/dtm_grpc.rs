@@ -620,7 +620,9 @@ async fn grpc_branches(backend: Backend, test: &str) {
     assert_eq!(first["metadata"]["idem-tenant"], "grpc", "{first}");
     assert!(first["metadata"]["idem-call-id"].is_string(), "{first}");
     // The transaction's trace continues into the call (W3C trace context, version 00).
-    let traceparent = first["metadata"]["traceparent"].as_str().unwrap_or_default();
+    let traceparent = first["metadata"]["traceparent"]
+        .as_str()
+        .unwrap_or_default();
     assert!(
         traceparent.starts_with("00-") && traceparent.len() == 55,
         "{first}"
