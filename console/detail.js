@@ -97,7 +97,13 @@ function payloads(t) {
       h(
         "details",
         { testid: "payload", open: true },
-        h("summary", {}, `${b.branch_id} ${b.action}`),
+        // Bytes that are not text (from DTM's gRPC clients) arrive as base64: say so.
+        h(
+          "summary",
+          {},
+          `${b.branch_id} ${b.action}` +
+            (b.payload_encoding === "base64" ? " · bytes, as base64" : ""),
+        ),
         h("pre", {}, pretty(b.payload)),
       ),
     ),

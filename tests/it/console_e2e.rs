@@ -91,6 +91,27 @@ async fn open_by_search(b: &Browser, gid: &str, status: &str) {
     b.text_until("#tx-status", |t| t == status).await;
 }
 
+/// A one-step saga created through DTM's gRPC door, its payload the protobuf message
+/// `{1: "alice", 2: 300}`, which is not UTF-8; waits until it succeeded.
+async fn binary_saga(s: &Setup, token: &str, gid: &str) {
+    let grpc = s.server.grpc_addr.expect("a gRPC listener");
+    let mut client = idem_dtm_proto::DtmClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let url = s.recorder.url("/bytes");
+    let mut request = tonic::Request::new(idem_dtm_proto::DtmRequest {
+        gid: gid.into(),
+        trans_type: "saga".into(),
+        steps: json!([{"action": url, "compensate": url}]).to_string(),
+        bin_payloads: vec![b"\x0a\x05alice\x10\xac\x02".to_vec()],
+        ..Default::default()
+    });
+    let bearer = format!("Bearer {token}").parse().unwrap();
+    request.metadata_mut().insert("authorization", bearer);
+    client.submit(request).await.unwrap();
+    wait_status(s, token, gid, "succeeded").await;
+}
+
 /// A fresh SQLite database.
 async fn sqlite(test: &str) -> TestDatabase {
     TestDatabase::create(Backend::Sqlite, test).await
@@ -121,6 +142,7 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
         c.auth.refresh = Duration::from_millis(100);
         c.engine.defaults.max_attempts = 2;
         c.console.trace_url = Some(TRACE_URL.into());
+        c.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
     })
     .await;
     let operator = s.token("acme", Role::Operator).await;
@@ -274,6 +296,15 @@ async fn operator_retries_a_stalled_transaction_and_a_client_sees_no_operator_ac
     );
     let (_, view) = get(&s, &format!("/api/v1/transactions/{gid}"), Some(&operator)).await;
     assert_eq!(view["status"], "succeeded", "{view}");
+
+    // A payload that is not text (a protobuf message from DTM's gRPC client) is shown as
+    // base64, and said to be.
+    binary_saga(&s, &client, "order-grpc").await;
+    open_by_search(&b, "order-grpc", "succeeded").await;
+    let payload = b
+        .text_until("[data-testid=payload]", |t| t.contains("as base64"))
+        .await;
+    assert!(payload.contains("CgVhbGljZRCsAg=="), "{payload}");
 
     // A phone-sized window: nothing wider than the screen.
     b.client.set_window_size(390, 844).await.unwrap();
