@@ -88,6 +88,8 @@ pub struct HttpTransport {
     clients: Arc<Clients>,
     max_answer: usize,
     signer: Option<Arc<crate::signing::Signer>>,
+    /// Connections to gRPC participants, shared by every clone.
+    grpc_channels: Arc<grpc::Channels>,
 }
 
 /// The policy and its entries' clients, built on first use: a resolver sees only the
@@ -181,6 +183,7 @@ impl HttpTransport {
             clients: Arc::new(Clients::new(policy, tls.clone())?),
             max_answer: max_answer.max(1),
             signer: None,
+            grpc_channels: Arc::default(),
         })
     }
 
@@ -232,9 +235,13 @@ impl Transport for HttpTransport {
     async fn call(&self, request: &CallRequest) -> CallResult {
         // DTM's gRPC branches: a URL without a scheme (see `outbound::GrpcTarget`).
         if let Some(target) = crate::outbound::GrpcTarget::parse(&request.url) {
-            let policy = &self.clients.policy;
-            let signer = self.signer.as_deref();
-            return grpc::call(policy, signer, self.max_answer, request, &target).await;
+            let caller = grpc::Caller {
+                policy: &self.clients.policy,
+                channels: &self.grpc_channels,
+                signer: self.signer.as_deref(),
+                max_answer: self.max_answer,
+            };
+            return grpc::call(&caller, request, &target).await;
         }
         let started = Instant::now();
         let checked = Self::url(request)

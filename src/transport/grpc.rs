@@ -12,22 +12,22 @@
 //! the participant wrote never reaches the outcome's detail: only the code does.
 //!
 //! The outbound policy judges the target as the plain-HTTP URL of its host, port and path,
-//! then every address its name resolves to, exactly as for HTTP; the connection is made
-//! here to an allowed address and handed to tonic, so nothing else resolves the name
-//! again. One connection per call: gRPC participants are few and calls are retried
-//! seldom, and a pool would have to be checked again on every DNS change.
+//! then every address its name resolves to, exactly as for HTTP, on every call; the
+//! connection is made here to an allowed address and handed to tonic, so nothing else
+//! resolves the name. Connections are kept and reused ([`channels`]), one per address.
+
+mod channels;
 
 use std::net::SocketAddr;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Buf, BufMut};
-use hyper_util::rt::TokioIo;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::metadata::{AsciiMetadataValue, MetadataKey};
-use tonic::transport::{Endpoint, Uri};
 use tonic::{Code, Status};
+
+pub(crate) use channels::Channels;
 
 use super::{CallRequest, CallResult, IDEM_HEADERS, redact_outcome, with_call_query};
 use crate::core::CallOutcome;
@@ -35,19 +35,23 @@ use crate::outbound::resolve::filter;
 use crate::outbound::{DENIED_PREFIX, GrpcTarget, OutboundPolicy};
 use crate::signing::Signer;
 
-/// How long connecting may take, as for HTTP participants.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// What a gRPC call needs besides its request: the policy, the kept connections, the
+/// signing keys and the bound on an answer.
+pub(super) struct Caller<'a> {
+    pub policy: &'a OutboundPolicy,
+    pub channels: &'a Channels,
+    pub signer: Option<&'a Signer>,
+    pub max_answer: usize,
+}
 
 /// Calls `target` for `request`; see the module's documentation.
 pub(super) async fn call(
-    policy: &OutboundPolicy,
-    signer: Option<&Signer>,
-    max_answer: usize,
+    caller: &Caller<'_>,
     request: &CallRequest,
     target: &GrpcTarget,
 ) -> CallResult {
     let started = Instant::now();
-    let outcome = match attempt(policy, signer, max_answer, request, target).await {
+    let outcome = match attempt(caller, request, target).await {
         Ok(outcome) => outcome,
         Err(detail) => CallOutcome::Unknown(detail),
     };
@@ -60,12 +64,16 @@ pub(super) async fn call(
 }
 
 async fn attempt(
-    policy: &OutboundPolicy,
-    signer: Option<&Signer>,
-    max_answer: usize,
+    caller: &Caller<'_>,
     request: &CallRequest,
     target: &GrpcTarget,
 ) -> Result<CallOutcome, String> {
+    let Caller {
+        policy,
+        channels,
+        signer,
+        max_answer,
+    } = *caller;
     let url = target.http_url();
     policy
         .check_parsed(&request.tenant, &url)
@@ -81,36 +89,12 @@ async fn attempt(
         .collect();
     let allowed = filter(rule, host, resolved, own_port)
         .map_err(|refusal| format!("{DENIED_PREFIX} {refusal}"))?;
-    let stream = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        tokio::net::TcpStream::connect(&allowed[..]),
-    )
-    .await
-    .map_err(|_| "connection failed: timed out".to_owned())?
-    .map_err(|e| format!("connection failed: {e}"))?;
-    let _ = stream.set_nodelay(true);
-    // tonic asks its connector for a connection; this one hands over the one made above,
-    // once.
-    let connection = Arc::new(Mutex::new(Some(stream)));
-    let connector = tower::service_fn(move |_: Uri| {
-        let stream = connection.lock().expect("not poisoned").take();
-        async move {
-            stream
-                .map(TokioIo::new)
-                .ok_or_else(|| std::io::Error::other("the connection was used already"))
-        }
-    });
-    let endpoint = Endpoint::from_shared(format!("http://{}", target.authority))
-        .map_err(|e| format!("bad gRPC target: {e}"))?
-        .timeout(request.timeout);
-    let channel = endpoint
-        .connect_with_connector(connector)
-        .await
-        .map_err(|e| format!("connection failed: {e}"))?;
+    let (channel, address) = channels.get(&allowed, &target.authority).await?;
     let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(max_answer);
-    grpc.ready()
-        .await
-        .map_err(|e| format!("connection failed: {e}"))?;
+    if let Err(e) = grpc.ready().await {
+        channels.forget(address, &target.authority);
+        return Err(format!("connection failed: {e}"));
+    }
     // Signed as a POST of the payload to the target's plain-HTTP URL with DTM's query
     // parameters, which travel as metadata: `idem_participant::grpc` rebuilds the same.
     let call_id = idem_signing::new_call_id();
@@ -133,6 +117,11 @@ async fn attempt(
         Err(_) => CallOutcome::Unknown("timed out".into()),
         Ok(Ok(_)) => CallOutcome::Success,
         Ok(Err(status)) => {
+            // The connection may have broken (tonic says UNAVAILABLE): connect afresh next
+            // time rather than wait for it to be found broken again.
+            if status.code() == Code::Unavailable {
+                channels.forget(address, &target.authority);
+            }
             if status.code() != Code::Ok {
                 tracing::debug!(
                     gid = %request.gid,

@@ -385,6 +385,11 @@ struct GrpcParticipant {
 
 impl GrpcParticipant {
     async fn start(python: &str) -> GrpcParticipant {
+        GrpcParticipant::start_on(python, 0).await
+    }
+
+    /// On `port` (0: any).
+    async fn start_on(python: &str, port: u16) -> GrpcParticipant {
         use tokio::io::AsyncBufReadExt;
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -392,6 +397,7 @@ impl GrpcParticipant {
         );
         let mut child = tokio::process::Command::new(python)
             .arg(script)
+            .arg(port.to_string())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
@@ -619,6 +625,10 @@ async fn grpc_branches(backend: Backend, test: &str) {
     assert_eq!(first["metadata"]["dtm-trans_type"], "saga", "{first}");
     assert_eq!(first["metadata"]["idem-tenant"], "grpc", "{first}");
     assert!(first["metadata"]["idem-call-id"].is_string(), "{first}");
+    // Every call came over one connection: idem keeps it (one per participant address).
+    let peers: std::collections::BTreeSet<&str> =
+        calls.iter().map(|c| c["peer"].as_str().unwrap()).collect();
+    assert_eq!(peers.len(), 1, "{peers:?}");
     // The transaction's trace continues into the call (W3C trace context, version 00).
     let traceparent = first["metadata"]["traceparent"]
         .as_str()
@@ -627,6 +637,51 @@ async fn grpc_branches(backend: Backend, test: &str) {
         traceparent.starts_with("00-") && traceparent.len() == 55,
         "{first}"
     );
+    s.finish().await;
+}
+
+/// A kept connection to a participant that restarted is replaced: the participant is
+/// stopped after a saga and started again on its port, and the next saga reaches it.
+#[tokio::test]
+async fn a_restarted_grpc_participant_is_reached_again() {
+    let python = python();
+    let db = TestDatabase::create(Backend::Sqlite, "grpc_participant_restarted").await;
+    let s = Setup::with(db, |c| c.grpc_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let grpc = s.server.grpc_addr.unwrap();
+    let token = s.token("grpc", Role::Client).await;
+    let mut client = DtmClient::connect(format!("http://{grpc}")).await.unwrap();
+    let saga = |gid: &str, p: &GrpcParticipant| DtmRequest {
+        gid: gid.into(),
+        trans_type: "saga".into(),
+        steps: steps(p, &[("TransOut", "TransOutRevert")]),
+        bin_payloads: vec![b"\x0a\x01a".to_vec()],
+        trans_options: Some(idem_dtm_proto::DtmTransOptions {
+            wait_result: true,
+            retry_interval: 1,
+            ..Default::default()
+        }),
+        ..DtmRequest::default()
+    };
+    let first = GrpcParticipant::start(&python).await;
+    let port = first.port;
+    client
+        .submit(authed(saga("before", &first), &token))
+        .await
+        .unwrap();
+    let before = first.calls().await;
+    assert_eq!(grpc_calls(&before, "before").len(), 1, "{before:?}");
+
+    let second = GrpcParticipant::start_on(&python, port).await;
+    client
+        .submit(authed(saga("after", &second), &token))
+        .await
+        .unwrap();
+    wait_status(&s, &token, "after", "succeeded").await;
+    let after = second.calls().await;
+    let calls = grpc_calls(&after, "after");
+    assert_eq!(calls.len(), 1, "{after:?}");
+    assert_eq!(calls[0].0, "TransOut");
+    assert_ne!(before[0]["peer"], after[0]["peer"], "a new connection");
     s.finish().await;
 }
 
