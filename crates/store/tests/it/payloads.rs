@@ -51,7 +51,8 @@ async fn payloads_of_every_kind_come_back_byte_for_byte() {
     let dbs = common::stores("payloads_every_kind").await;
     for (db, store) in &dbs {
         let b = db.backend;
-        // Alone, then twenty at once (the writers batch them).
+        // Alone, then twenty at once (the writers batch them), one of them a gid that is
+        // taken: a batch that meets it is written again one by one (MariaDB's path).
         let alone = saga("alone");
         assert_eq!(
             store.create(&alone, "h", None).await.unwrap(),
@@ -60,13 +61,22 @@ async fn payloads_of_every_kind_come_back_byte_for_byte() {
         let creates = (0..20).map(|i| {
             let store = Arc::clone(store);
             async move {
-                let tx = saga(&format!("batched-{i:02}"));
-                store.create(&tx, "h", None).await.unwrap();
-                tx.gid
+                let gid = match i {
+                    7 => "alone".to_owned(),
+                    i => format!("batched-{i:02}"),
+                };
+                let created = store.create(&saga(&gid), "h", None).await.unwrap();
+                (gid, created)
             }
         });
-        let mut gids = futures::future::join_all(creates).await;
-        gids.push("alone".into());
+        let mut gids = Vec::new();
+        for (gid, created) in futures::future::join_all(creates).await {
+            match gid.as_str() {
+                "alone" => assert!(matches!(created, Created::Exists(_)), "{b}: {created:?}"),
+                _ => assert_eq!(created, Created::Inserted, "{b}: {gid}"),
+            }
+            gids.push(gid);
+        }
         for gid in gids {
             let stored = store.load(&gid).await.unwrap().expect("stored");
             assert_eq!(stored_payloads(&stored.tx), payloads(), "{b}: {gid}");
