@@ -13,6 +13,8 @@ use super::load::idem_client;
 /// An `idem serve` child process.
 pub struct Coordinator {
     pub url: String,
+    /// Where DTM's gRPC service listens, when started with `--grpc-listen`.
+    pub grpc: Option<String>,
     process: IdemProcess,
 }
 
@@ -43,6 +45,7 @@ impl Coordinator {
             .await?;
         Ok(Coordinator {
             url: process.url().to_owned(),
+            grpc: process.grpc_addr().map(str::to_owned),
             process,
         })
     }

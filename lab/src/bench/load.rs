@@ -9,7 +9,10 @@ use serde_json::{Value, json};
 use idem::core::Status;
 use idem_client::TxView;
 
-use super::{ACCOUNTS, Error, SKUS, Workload};
+use idem_dtm_proto::DtmClient;
+use tonic::transport::Channel;
+
+use super::{ACCOUNTS, Coordinator, Error, SKUS, Workload, dtm_doors};
 
 /// A client of the coordinator at `url` that sends each request once: the bench counts a
 /// failure as one, and a retry would add a round trip to what it measures.
@@ -24,6 +27,10 @@ pub(crate) fn idem_client(url: &str, http: &reqwest::Client) -> Result<idem_clie
 /// One client's work: global transactions of the workload, back to back.
 pub(super) struct Client {
     idem: idem_client::Client,
+    /// The coordinator's API, for DTM's HTTP door.
+    api: String,
+    /// DTM's gRPC service, for `empty_grpc`.
+    dtm_grpc: Option<DtmClient<Channel>>,
     /// The TCC workload's Trys, which the application calls itself.
     http: reqwest::Client,
     urls: [String; 2],
@@ -32,13 +39,22 @@ pub(super) struct Client {
 
 impl Client {
     pub(super) fn new(
-        api: &str,
+        coordinator: &Coordinator,
         http: &reqwest::Client,
         urls: &[String; 2],
         workload: Workload,
     ) -> Result<Client, Error> {
+        let dtm_grpc = match &coordinator.grpc {
+            Some(address) => {
+                let channel = Channel::from_shared(format!("http://{address}"))?.connect_lazy();
+                Some(DtmClient::new(channel))
+            }
+            None => None,
+        };
         Ok(Client {
-            idem: idem_client(api, http)?,
+            idem: idem_client(&coordinator.url, http)?,
+            api: coordinator.url.clone(),
+            dtm_grpc,
             http: http.clone(),
             urls: urls.clone(),
             workload,
@@ -72,6 +88,16 @@ impl Client {
                     r?;
                 }
                 expect_succeeded(&tcc.submit(true).await?)
+            }
+            Workload::EmptyDtm => {
+                dtm_doors::one_over_http(&self.http, &self.api, gid, &self.urls, &payloads).await
+            }
+            Workload::EmptyGrpc => {
+                let client = self
+                    .dtm_grpc
+                    .as_ref()
+                    .ok_or("the coordinator has no gRPC listener")?;
+                dtm_doors::one_over_grpc(client, gid, &self.urls, n).await
             }
             Workload::Saga
             | Workload::Empty

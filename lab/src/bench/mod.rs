@@ -32,6 +32,7 @@ use crate::participants::{DemoParticipants, Participant, Setup};
 mod bodies;
 mod coordinator;
 mod deadlocks;
+mod dtm_doors;
 mod inflight;
 pub mod limit;
 mod load;
@@ -59,6 +60,12 @@ pub enum Workload {
     Saga,
     /// 2-step saga whose participant does no SQL: the coordinator alone.
     Empty,
+    /// `empty` through DTM's HTTP API (`/api/dtmsvr/submit`), to an HTTP participant: the
+    /// reference for `empty_grpc`.
+    EmptyDtm,
+    /// `empty` through DTM's gRPC service (`--grpc-listen`) to a gRPC participant, the
+    /// payloads protobuf bytes.
+    EmptyGrpc,
     /// `--inflight` sagas at once against a participant that answers slowly: the
     /// coordinator's memory with that many transactions in flight.
     Inflight,
@@ -165,11 +172,17 @@ pub(crate) const ACCOUNTS: usize = 1_000;
 enum Participants {
     Demo(DemoParticipants),
     Empty(idem_demo::Service),
+    Grpc(dtm_doors::GrpcParticipant),
 }
 
 impl Participants {
     async fn start(workload: Workload, dbs: &Databases) -> Result<Participants, Error> {
-        if workload == Workload::Empty {
+        if workload == Workload::EmptyGrpc {
+            return Ok(Participants::Grpc(
+                dtm_doors::GrpcParticipant::start().await?,
+            ));
+        }
+        if matches!(workload, Workload::Empty | Workload::EmptyDtm) {
             let router = axum::Router::new()
                 .fallback(|| async { axum::Json(json!({"dtm_result": "SUCCESS"})) });
             return Ok(Participants::Empty(
@@ -198,6 +211,7 @@ impl Participants {
     fn urls(&self) -> Result<[String; 2], Error> {
         Ok(match self {
             Participants::Empty(service) => [service.url("/empty"), service.url("/empty")],
+            Participants::Grpc(grpc) => grpc.targets(),
             Participants::Demo(demo) => [
                 demo.url(Participant::Inventory)?.to_owned(),
                 demo.url(Participant::Payment)?.to_owned(),
@@ -210,6 +224,7 @@ impl Participants {
             Participants::Empty(service) => {
                 let _ = service.stop().await;
             }
+            Participants::Grpc(grpc) => grpc.stop(),
             Participants::Demo(demo) => demo.stop().await,
         }
     }
@@ -229,7 +244,11 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
         Workload::Inflight | Workload::Recovery => return run_many_in_flight(config).await,
         Workload::Soak => return soak::run(config).await,
         Workload::Bodies => return bodies::run(config).await,
-        Workload::Tcc | Workload::Saga | Workload::Empty => {}
+        Workload::Tcc
+        | Workload::Saga
+        | Workload::Empty
+        | Workload::EmptyDtm
+        | Workload::EmptyGrpc => {}
     }
     idem::transport::install_crypto_provider();
     let http = reqwest::Client::builder()
@@ -239,6 +258,10 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     let dbs = Databases::create(&config.backend).await?;
     let participants = Participants::start(config.workload, &dbs).await?;
     let participant_urls = participants.urls()?;
+    let mut serve_args = config.serve_args.clone();
+    if config.workload == Workload::EmptyGrpc {
+        serve_args.extend(["--grpc-listen".to_owned(), "127.0.0.1:0".to_owned()]);
+    }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
 
     // Pass 1: count the SQL of `count` transactions (a separate coordinator process, since
@@ -246,9 +269,8 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     let mut sql = None;
     if config.count > 0 {
         let coordinator =
-            Coordinator::start(&config.idem_bin, &dbs.coordinator, true, &config.serve_args)
-                .await?;
-        let client = Client::new(&coordinator.url, &http, &participant_urls, config.workload)?;
+            Coordinator::start(&config.idem_bin, &dbs.coordinator, true, &serve_args).await?;
+        let client = Client::new(&coordinator, &http, &participant_urls, config.workload)?;
         idem::metrics::set_sql_counting(true);
         let before_here = idem::metrics::sql_counts();
         let before_there = coordinator.sql(&http).await?;
@@ -287,7 +309,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
                 &config.idem_bin,
                 &dbs.coordinator,
                 false,
-                &config.serve_args,
+                &serve_args,
                 &format!("bench-{i}"),
             )
             .await?,
@@ -295,7 +317,7 @@ pub async fn run(config: &BenchConfig) -> Result<BenchResult, Error> {
     }
     let clients = coordinators
         .iter()
-        .map(|c| Client::new(&c.url, &http, &participant_urls, config.workload).map(Arc::new))
+        .map(|c| Client::new(c, &http, &participant_urls, config.workload).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
     let bar = config.progress.then(|| {
         let total = (config.warmup + config.duration).as_secs();
