@@ -70,7 +70,56 @@ impl DtmGrpc {
         body: Option<DoorRequest>,
     ) -> Result<Value, Status> {
         let started = Instant::now();
-        let answer = self.dispatch(metadata, peer, method, route, body).await;
+        // The route, run for this request; every way out is measured below.
+        let answer: Result<Value, Status> = async {
+            let mut request = HttpRequest::builder()
+                .method(method)
+                .uri(route)
+                .header(header::HOST, self.host.clone());
+            // The caller's credentials and trace context; nothing else of its metadata reaches
+            // the door (branch headers travel in TransOptions, as in DTM).
+            for name in ["authorization", "traceparent", "tracestate"] {
+                if let Some(value) = metadata.get(name)
+                    && let Ok(value) = HeaderValue::from_bytes(value.as_bytes())
+                {
+                    request = request.header(name, value);
+                }
+            }
+            let (body, payloads) = match body {
+                Some(door) => {
+                    request = request.header(header::CONTENT_TYPE, "application/json");
+                    let json = serde_json::to_vec(&door.body).expect("a Value serializes");
+                    (Body::from(json), door.payloads)
+                }
+                None => (Body::empty(), None),
+            };
+            let mut request = request
+                .body(body)
+                .map_err(|e| Status::internal(format!("cannot build the request: {e}")))?;
+            if let Some(payloads) = payloads {
+                request.extensions_mut().insert(payloads);
+            }
+            if let Some(peer) = peer {
+                request.extensions_mut().insert(ConnectInfo(peer));
+            }
+            let response = self
+                .router
+                .clone()
+                .oneshot(request)
+                .await
+                .unwrap_or_else(|never| match never {});
+            let status = response.status();
+            let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
+            let bytes = axum::body::to_bytes(response.into_body(), MAX_ANSWER)
+                .await
+                .map_err(|e| Status::internal(format!("cannot read the answer: {e}")))?;
+            let json: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            if status.is_success() {
+                return Ok(json);
+            }
+            Err(status_of(status, &json, retry_after))
+        }
+        .await;
         let code = match &answer {
             Ok(_) => Code::Ok,
             Err(status) => status.code(),
@@ -80,62 +129,6 @@ impl DtmGrpc {
         metrics::histogram!("idem_grpc_request_seconds", "method" => rpc)
             .record(started.elapsed().as_secs_f64());
         answer
-    }
-
-    async fn dispatch(
-        &self,
-        metadata: &MetadataMap,
-        peer: Option<SocketAddr>,
-        method: Method,
-        route: &'static str,
-        body: Option<DoorRequest>,
-    ) -> Result<Value, Status> {
-        let mut request = HttpRequest::builder()
-            .method(method)
-            .uri(route)
-            .header(header::HOST, self.host.clone());
-        // The caller's credentials and trace context; nothing else of its metadata reaches
-        // the door (branch headers travel in TransOptions, as in DTM).
-        for name in ["authorization", "traceparent", "tracestate"] {
-            if let Some(value) = metadata.get(name)
-                && let Ok(value) = HeaderValue::from_bytes(value.as_bytes())
-            {
-                request = request.header(name, value);
-            }
-        }
-        let (body, payloads) = match body {
-            Some(door) => {
-                request = request.header(header::CONTENT_TYPE, "application/json");
-                let json = serde_json::to_vec(&door.body).expect("a Value serializes");
-                (Body::from(json), door.payloads)
-            }
-            None => (Body::empty(), None),
-        };
-        let mut request = request
-            .body(body)
-            .map_err(|e| Status::internal(format!("cannot build the request: {e}")))?;
-        if let Some(payloads) = payloads {
-            request.extensions_mut().insert(payloads);
-        }
-        if let Some(peer) = peer {
-            request.extensions_mut().insert(ConnectInfo(peer));
-        }
-        let response = self
-            .router
-            .clone()
-            .oneshot(request)
-            .await
-            .unwrap_or_else(|never| match never {});
-        let status = response.status();
-        let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
-        let bytes = axum::body::to_bytes(response.into_body(), MAX_ANSWER)
-            .await
-            .map_err(|e| Status::internal(format!("cannot read the answer: {e}")))?;
-        let json: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        if status.is_success() {
-            return Ok(json);
-        }
-        Err(status_of(status, &json, retry_after))
     }
 }
 

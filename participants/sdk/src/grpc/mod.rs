@@ -31,7 +31,7 @@ use crate::kit::BranchCall;
 use crate::tenant::{TENANT_HEADER, tenant_of};
 
 /// DTM's metadata names of a branch call's parameters, with the query parameter each
-/// stands for.
+/// stands for, in the order of an HTTP call's query (which a signature covers).
 const PARAMETERS: [(&str, &str); 4] = [
     ("dtm-gid", "gid"),
     ("dtm-trans_type", "trans_type"),

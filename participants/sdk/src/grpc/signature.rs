@@ -38,16 +38,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use tonic::Status;
 use tonic::body::Body;
 
+use super::PARAMETERS;
 use crate::signature::{SignatureError, SignedBy, SignedCall, Verifier};
-
-/// The metadata a branch call's parameters travel in, with the query parameter each is
-/// signed as, in the coordinator's order.
-const SIGNED_PARAMETERS: [(&str, &str); 4] = [
-    ("dtm-gid", "gid"),
-    ("dtm-trans_type", "trans_type"),
-    ("dtm-branch_id", "branch_id"),
-    ("dtm-op", "op"),
-];
 
 /// Wraps a tonic server's services in [`RequireSignature`].
 #[derive(Clone)]
@@ -160,7 +152,8 @@ fn unary_message(framed: &[u8]) -> Result<&[u8], SignatureError> {
 /// The call's URI with the query the coordinator signed: its `dtm-*` metadata, each once.
 fn signed_target(parts: &axum::http::request::Parts) -> Result<Uri, SignatureError> {
     let mut query = form_urlencoded::Serializer::new(String::new());
-    for (metadata, name) in SIGNED_PARAMETERS {
+    // In the coordinator's order: the query of an HTTP call.
+    for (metadata, name) in PARAMETERS {
         let mut values = parts.headers.get_all(metadata).iter();
         let value = match (values.next(), values.next()) {
             (Some(value), None) => value.to_str().map_err(|_| {
@@ -196,29 +189,27 @@ mod tests {
         }
     }
 
+    /// A call to `TransOut` of branch 01 of saga `gid`, as its head arrives.
+    fn call_of(gid: &str) -> axum::http::request::Parts {
+        let request = Request::builder()
+            .uri("http://127.0.0.1:50051/busi.Busi/TransOut")
+            .header("dtm-gid", gid)
+            .header("dtm-trans_type", "saga")
+            .header("dtm-branch_id", "01")
+            .header("dtm-op", "action")
+            .body(())
+            .unwrap();
+        request.into_parts().0
+    }
+
     #[test]
     fn the_signed_target_is_the_path_with_dtms_parameters_as_the_coordinator_writes_them() {
-        let request = Request::builder()
-            .uri("http://127.0.0.1:50051/busi.Busi/TransOut")
-            .header("dtm-gid", "g 1/é")
-            .header("dtm-trans_type", "saga")
-            .header("dtm-branch_id", "01")
-            .header("dtm-op", "action")
-            .body(())
-            .unwrap();
-        let (parts, ()) = request.into_parts();
-        assert!(signed_target(&parts).is_err(), "metadata must be ASCII");
-        let request = Request::builder()
-            .uri("http://127.0.0.1:50051/busi.Busi/TransOut")
-            .header("dtm-gid", "g 1&x=y")
-            .header("dtm-trans_type", "saga")
-            .header("dtm-branch_id", "01")
-            .header("dtm-op", "action")
-            .body(())
-            .unwrap();
-        let (parts, ()) = request.into_parts();
+        assert!(
+            signed_target(&call_of("g 1/é")).is_err(),
+            "metadata must be ASCII"
+        );
         assert_eq!(
-            signed_target(&parts).unwrap().to_string(),
+            signed_target(&call_of("g 1&x=y")).unwrap().to_string(),
             "http://127.0.0.1:50051/busi.Busi/TransOut?gid=g+1%26x%3Dy&trans_type=saga&branch_id=01&op=action"
         );
     }
